@@ -1,0 +1,19 @@
+/*
+ * kvidx-bench: benchmark programs (never tests). Each subcommand measures and
+ * prints a human table followed, as its last line, by one JSON summary line.
+ */
+#ifndef KVI_BENCH_H
+#define KVI_BENCH_H
+
+#include <stdint.h>
+
+/* Subcommands: each returns a process exit code. */
+int kvi_bench_micro(int argc, char **argv);
+int kvi_bench_ring(int argc, char **argv);
+
+/* Shared helpers (bench/util.c). */
+uint64_t kvi_bench_rand(uint64_t *state);  /* splitmix64 */
+double kvi_bench_pct(uint64_t *sorted_ns, size_t n, double p);
+int kvi_bench_cmp_u64(const void *a, const void *b);
+
+#endif

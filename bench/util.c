@@ -1,0 +1,28 @@
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bench/bench.h"
+
+uint64_t kvi_bench_rand(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int kvi_bench_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+double kvi_bench_pct(uint64_t *sorted_ns, size_t n, double p)
+{
+    if (n == 0)
+        return 0;
+    size_t i = (size_t)(p / 100.0 * (double)(n - 1) + 0.5);
+    if (i >= n)
+        i = n - 1;
+    return (double)sorted_ns[i];
+}

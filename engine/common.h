@@ -1,0 +1,91 @@
+/*
+ * kvidx common definitions: cache-line constants, branch hints, assertions,
+ * fatal-error handling. Included by every engine module.
+ *
+ * Error conventions used throughout kvidx (one per return kind):
+ *   - constructors return NULL on failure and set errno;
+ *   - int functions return 0 on success or a negative errno value;
+ *   - burst functions return the number of objects handled;
+ *   - functions that cannot fail return void.
+ * Out-of-memory in the control plane aborts with file:line (kvi_die); data
+ * paths use try_ variants that report failure to the caller.
+ */
+#ifndef KVI_ENGINE_COMMON_H
+#define KVI_ENGINE_COMMON_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define KVI_CACHE_LINE 64
+#define KVI_ALIGNED(n) __attribute__((aligned(n)))
+#define KVI_CACHE_ALIGNED KVI_ALIGNED(KVI_CACHE_LINE)
+#define KVI_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KVI_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define KVI_UNUSED __attribute__((unused))
+#define KVI_WARN_UNUSED __attribute__((warn_unused_result))
+#define KVI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define KVI_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVI_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Abort with a message naming the source location. */
+#define kvi_die(...)                                                           \
+    do {                                                                       \
+        fprintf(stderr, "kvidx fatal %s:%d: ", __FILE__, __LINE__);            \
+        fprintf(stderr, __VA_ARGS__);                                          \
+        fputc('\n', stderr);                                                   \
+        abort();                                                               \
+    } while (0)
+
+/* Always-on cheap assertion. */
+#define KVI_ASSERT(cond)                                                       \
+    do {                                                                       \
+        if (KVI_UNLIKELY(!(cond)))                                             \
+            kvi_die("assertion failed: %s", #cond);                            \
+    } while (0)
+
+/* Debug-only assertion; the expression stays type-checked in release builds. */
+#ifdef KVI_DEBUG
+#define KVI_DEBUG_ASSERT(cond) KVI_ASSERT(cond)
+#else
+#define KVI_DEBUG_ASSERT(cond) ((void)sizeof(!(cond)))
+#endif
+
+/* Control-plane allocation: aborts on out-of-memory. */
+static inline void *kvi_xmalloc_(size_t n, const char *file, int line)
+{
+    void *p = malloc(n ? n : 1);
+    if (KVI_UNLIKELY(p == NULL)) {
+        fprintf(stderr, "kvidx fatal %s:%d: out of memory (%zu bytes)\n", file, line, n);
+        abort();
+    }
+    return p;
+}
+static inline void *kvi_xcalloc_(size_t n, size_t sz, const char *file, int line)
+{
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (KVI_UNLIKELY(p == NULL)) {
+        fprintf(stderr, "kvidx fatal %s:%d: out of memory (%zu x %zu bytes)\n", file, line, n, sz);
+        abort();
+    }
+    return p;
+}
+static inline void *kvi_xrealloc_(void *old, size_t n, const char *file, int line)
+{
+    void *p = realloc(old, n ? n : 1);
+    if (KVI_UNLIKELY(p == NULL)) {
+        fprintf(stderr, "kvidx fatal %s:%d: out of memory (%zu bytes)\n", file, line, n);
+        abort();
+    }
+    return p;
+}
+#define kvi_xmalloc(n) kvi_xmalloc_((n), __FILE__, __LINE__)
+#define kvi_xcalloc(n, sz) kvi_xcalloc_((n), (sz), __FILE__, __LINE__)
+#define kvi_xrealloc(p, n) kvi_xrealloc_((p), (n), __FILE__, __LINE__)
+
+/* Monotonic clock in nanoseconds. */
+uint64_t kvi_now_ns(void);
+
+#endif
