@@ -62,6 +62,7 @@ uint64_t kvi_hash_block_mm(const uint32_t *tokens, size_t n, const uint64_t *mm,
                            uint64_t seed)
 {
     XXH3_state_t st;
+    XXH3_INITSTATE(&st);
     XXH3_64bits_reset_withSeed(&st, seed);
     XXH3_64bits_update(&st, tokens, n * sizeof(uint32_t));
     uint64_t small[16];

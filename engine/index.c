@@ -1,0 +1,1616 @@
+/*
+ * Positional index (see engine/index.h for the contract).
+ *
+ * DESIGN
+ *   Threads: one writer per partition mutates that partition's tables,
+ *   entries and slot maps; any number of reader threads query concurrently
+ *   inside RCU read-side sections. Interning instances and allocating slot
+ *   ids take a mutex (control plane, never on the query path).
+ *
+ *   Publication: an entry is fully initialised before its index is stored
+ *   into a table slot with release (W1); readers load slots with acquire (R1).
+ *   Member counts and member arrays are published with release after the
+ *   members they describe (W2/R2). Tables are replaced copy-on-write on resize
+ *   (W3/R3). Entries, member arrays and old tables are recycled only after a
+ *   grace period (kvi_index_reclaim).
+ *
+ *   Nesting: stores add members parent-first; removals and clears remove
+ *   them child-first. Hence at every instant a gpu slot holding entry E also
+ *   holds E's parent, and along any query chain the gpu member sets are
+ *   nested. Queries compare counts only.
+ */
+#include "engine/index.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "engine/hash.h"
+#include "engine/index_internal.h"
+#include "engine/rcu.h"
+
+#define PHI 0x9e3779b97f4a7c15ull
+#define RETIRE_BYTES_LIMIT (4u << 20) /* reclaim once 4 MiB or 64 k entries wait */
+#define RETIRE_ENTRIES_LIMIT 65536u
+
+static int kvi__cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+const char *kvi_tier_name(enum kvi_tier t)
+{
+    switch (t) {
+    case KVI_TIER_GPU: return "gpu";
+    case KVI_TIER_CPU: return "cpu";
+    case KVI_TIER_DISK: return "disk";
+    case KVI_TIER_EXTERNAL: return "external";
+    }
+    return "unknown";
+}
+
+static inline uint64_t fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
+static inline uint64_t key_step(const struct kvi_index *ix, uint64_t prev, uint64_t content, uint32_t pos)
+{
+    return prev + fmix64((content ^ ix->kxor) + (uint64_t)(pos + 1) * PHI);
+}
+
+void kvi_index_prefix_keys(const struct kvi_index *ix, const uint64_t *content, size_t n, uint64_t *keys)
+{
+    uint64_t k = ix->kseed;
+    for (size_t i = 0; i < n; i++) {
+        k = key_step(ix, k, content[i], (uint32_t)i);
+        keys[i] = k;
+    }
+}
+
+/* ---- memory accounting and retirement ------------------------------------ */
+
+static void part_account(struct kvi_part *p, int64_t bytes)
+{
+    atomic_store_explicit(&p->bytes, atomic_load_explicit(&p->bytes, memory_order_relaxed) + (uint64_t)bytes,
+                          memory_order_relaxed);
+}
+
+static inline void counter_add(_Atomic uint64_t *c, uint64_t v)
+{
+    /* single writer: a relaxed load/store pair is enough and cheaper than RMW */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
+}
+
+static void retire(struct kvi_part *p, void *ptr, size_t bytes)
+{
+    if (p->n_retired == p->cap_retired) {
+        p->cap_retired = p->cap_retired ? p->cap_retired * 2 : 64;
+        p->retired = kvi_xrealloc(p->retired, p->cap_retired * sizeof *p->retired);
+    }
+    p->retired[p->n_retired++] = (struct kvi_retired){ptr, bytes};
+    p->retired_bytes += bytes;
+}
+
+static void maybe_reclaim(struct kvi_index *ix, uint32_t part)
+{
+    struct kvi_part *p = &ix->parts[part];
+    if (p->retired_bytes >= RETIRE_BYTES_LIMIT || p->n_pending >= RETIRE_ENTRIES_LIMIT)
+        kvi_index_reclaim(ix, part);
+}
+
+void kvi_index_reclaim(struct kvi_index *ix, uint32_t part)
+{
+    struct kvi_part *p = &ix->parts[part];
+    if (p->n_retired == 0 && p->n_pending == 0 && p->n_pending_slots == 0)
+        return;
+    kvi_rcu_synchronize();
+    for (uint32_t i = 0; i < p->n_retired; i++) {
+        free(p->retired[i].p);
+        part_account(p, -(int64_t)p->retired[i].bytes);
+    }
+    p->n_retired = 0;
+    p->retired_bytes = 0;
+    if (p->n_free + p->n_pending > p->cap_free) {
+        p->cap_free = KVI_MAX(p->cap_free * 2, p->n_free + p->n_pending);
+        p->free_idx = kvi_xrealloc(p->free_idx, p->cap_free * sizeof(uint32_t));
+    }
+    memcpy(p->free_idx + p->n_free, p->pending_idx, p->n_pending * sizeof(uint32_t));
+    p->n_free += p->n_pending;
+    p->n_pending = 0;
+    if (p->n_pending_slots > 0) {
+        pthread_mutex_lock(&ix->slot_lock);
+        uint32_t need = ix->n_free_slot_ids + p->n_pending_slots;
+        if (need > ix->cap_free_slot_ids) {
+            ix->cap_free_slot_ids = KVI_MAX(need, ix->cap_free_slot_ids * 2);
+            ix->free_slot_ids = kvi_xrealloc(ix->free_slot_ids, ix->cap_free_slot_ids * sizeof(uint32_t));
+        }
+        memcpy(ix->free_slot_ids + ix->n_free_slot_ids, p->pending_slots, p->n_pending_slots * sizeof(uint32_t));
+        ix->n_free_slot_ids = need;
+        pthread_mutex_unlock(&ix->slot_lock);
+        p->n_pending_slots = 0;
+    }
+}
+
+/* ---- tables ---------------------------------------------------------------- */
+
+static inline uint64_t tab_hash(const struct kvi_index *ix, uint64_t key)
+{
+    return fmix64(key ^ ix->tseed);
+}
+
+static struct kvi_tab *tab_new(uint32_t cap)
+{
+    struct kvi_tab *t = kvi_xcalloc(1, sizeof *t + (size_t)cap * sizeof(uint64_t));
+    t->mask = cap - 1;
+    return t;
+}
+
+static size_t tab_bytes(const struct kvi_tab *t)
+{
+    return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint64_t);
+}
+
+/* Which key a table maps, to verify candidates and to rehash. */
+enum tab_kind { TAB_KEY, TAB_SEQ, TAB_MAP };
+
+struct tab_ctx {
+    const struct kvi_index *ix;
+    const struct kvi_part *p;
+    enum tab_kind kind;
+    uint32_t slot; /* TAB_MAP */
+};
+
+static uint64_t member_eh(const struct kvi_entry *e, uint32_t slot, bool *found);
+
+static inline uint64_t tab_key_of(const struct tab_ctx *c, uint32_t idx, bool *ok)
+{
+    const struct kvi_entry *e = kvi__entry(c->p, idx);
+    *ok = true;
+    switch (c->kind) {
+    case TAB_KEY: return e->key;
+    case TAB_SEQ: return e->seq;
+    case TAB_MAP: return member_eh(e, c->slot, ok);
+    }
+    return 0;
+}
+
+/* Reader lookup (also used by the writer). Returns the entry index or NONE. */
+static inline uint32_t tab_find(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key)
+{
+    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_acquire); /* R3 */
+    if (t == NULL)
+        return KVI_NONE;
+    uint64_t h = tab_hash(c->ix, key);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (uint32_t i = (uint32_t)h & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_acquire); /* R1 */
+        if (s == 0)
+            return KVI_NONE;
+        uint32_t idx = (uint32_t)s;
+        if ((uint32_t)(s >> 32) == tag && idx != KVI_TOMB) {
+            bool ok;
+            if (tab_key_of(c, idx, &ok) == key && ok)
+                return idx;
+        }
+    }
+}
+
+static void tab_prefetch(const struct kvi_index *ix, const struct kvi_table *tb, uint64_t key)
+{
+    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_acquire);
+    if (t != NULL)
+        __builtin_prefetch(&t->s[(uint32_t)tab_hash(ix, key) & t->mask]);
+}
+
+static void tab_insert_raw(struct kvi_tab *t, uint64_t h, uint32_t idx)
+{
+    uint32_t i = (uint32_t)h & t->mask;
+    for (;; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+        if (s == 0 || (uint32_t)s == KVI_TOMB) {
+            if (s == 0)
+                t->used++;
+            t->live++;
+            atomic_store_explicit(&t->s[i], (h & 0xffffffff00000000ull) | idx, memory_order_release); /* W1 */
+            return;
+        }
+    }
+}
+
+/* Rebuild into a table sized for the live count; publish; retire the old. */
+static void tab_rehash(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t want_live)
+{
+    struct kvi_tab *old = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    uint32_t cap = 16;
+    while ((uint64_t)want_live * 2 > cap)
+        cap *= 2;
+    struct kvi_tab *nt = tab_new(cap);
+    part_account(p, (int64_t)tab_bytes(nt));
+    if (old != NULL) {
+        for (uint32_t i = 0; i <= old->mask; i++) {
+            uint64_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
+            uint32_t idx = (uint32_t)s;
+            if (s == 0 || idx == KVI_TOMB)
+                continue;
+            bool ok;
+            uint64_t key = tab_key_of(c, idx, &ok);
+            tab_insert_raw(nt, tab_hash(c->ix, key), idx);
+        }
+    }
+    atomic_store_explicit(&tb->t, nt, memory_order_release); /* W3 */
+    if (old != NULL) {
+        if (c->kind == TAB_MAP) {
+            /* slot maps are never read by queries: free at once */
+            part_account(p, -(int64_t)tab_bytes(old));
+            free(old);
+        } else {
+            retire(p, old, tab_bytes(old));
+        }
+    }
+}
+
+static void tab_insert(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t key, uint32_t idx)
+{
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    if (t == NULL || (uint64_t)(t->used + 1) * 4 > (uint64_t)(t->mask + 1) * 3) {
+        uint32_t live = t ? t->live : 0;
+        tab_rehash(p, c, tb, live + 1 + live / 2);
+        t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    }
+    tab_insert_raw(t, tab_hash(c->ix, key), idx);
+}
+
+/* Tombstone the slot holding (key, idx). Shrinks when mostly empty. */
+static void tab_delete(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t key, uint32_t idx)
+{
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    if (t == NULL)
+        return;
+    uint64_t h = tab_hash(c->ix, key);
+    for (uint32_t i = (uint32_t)h & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+        if (s == 0)
+            return;
+        if ((uint32_t)s == idx) {
+            atomic_store_explicit(&t->s[i], (s & 0xffffffff00000000ull) | KVI_TOMB, memory_order_release);
+            t->live--;
+            break;
+        }
+    }
+    if (t->mask + 1 > 64 && (uint64_t)t->live * 8 < (uint64_t)t->mask + 1)
+        tab_rehash(p, c, tb, t->live);
+}
+
+static void tab_free_now(struct kvi_part *p, struct kvi_table *tb)
+{
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    if (t != NULL) {
+        part_account(p, -(int64_t)tab_bytes(t));
+        free(t);
+        atomic_store_explicit(&tb->t, NULL, memory_order_relaxed);
+    }
+}
+
+/* ---- members ---------------------------------------------------------------- */
+
+static uint64_t member_eh(const struct kvi_entry *e, uint32_t slot, bool *found)
+{
+    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_relaxed);
+    if (ms == NULL) {
+        *found = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) == slot;
+        return e->one_eh;
+    }
+    uint32_t n = atomic_load_explicit(&ms->n, memory_order_relaxed);
+    for (uint32_t i = 0; i < n; i++)
+        if (ms->m[i].slot == slot) {
+            *found = true;
+            return ms->m[i].eh;
+        }
+    *found = false;
+    return 0;
+}
+
+static bool has_member(const struct kvi_entry *e, uint32_t slot)
+{
+    bool f;
+    (void)member_eh(e, slot, &f);
+    return f;
+}
+
+static size_t mset_bytes(uint32_t cap)
+{
+    return sizeof(struct kvi_mset) + (size_t)cap * sizeof(struct kvi_member);
+}
+
+static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kvi_entry *e, uint32_t slot,
+                       uint8_t tier, uint64_t eh)
+{
+    struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
+    if (ms == NULL && atomic_load_explicit(&e->one, memory_order_relaxed) == KVI_NONE) {
+        e->one_eh = eh;
+        atomic_store_explicit(&e->one, slot, memory_order_release); /* W2 */
+    } else {
+        uint32_t n = ms ? atomic_load_explicit(&ms->n, memory_order_relaxed) : 1;
+        if (ms == NULL || n == ms->cap) {
+            uint32_t cap = ms ? ms->cap * 2 : 4;
+            struct kvi_mset *nm = kvi_xmalloc(mset_bytes(cap));
+            part_account(p, (int64_t)mset_bytes(cap));
+            nm->cap = cap;
+            if (ms == NULL) {
+                uint32_t one = atomic_load_explicit(&e->one, memory_order_relaxed);
+                nm->m[0] = (struct kvi_member){.slot = one, .tier = kvi__slot(ix, one)->tier, .eh = e->one_eh};
+            } else {
+                memcpy(nm->m, ms->m, n * sizeof(struct kvi_member));
+            }
+            atomic_store_explicit(&nm->n, n, memory_order_relaxed);
+            nm->m[n] = (struct kvi_member){.slot = slot, .tier = tier, .eh = eh};
+            atomic_store_explicit(&nm->n, n + 1, memory_order_relaxed);
+            atomic_store_explicit(&e->many, nm, memory_order_release); /* W2 */
+            if (ms != NULL)
+                retire(p, ms, mset_bytes(ms->cap));
+        } else {
+            ms->m[n] = (struct kvi_member){.slot = slot, .tier = tier, .eh = eh};
+            atomic_store_explicit(&ms->n, n + 1, memory_order_release); /* W2 */
+        }
+    }
+    if (tier == KVI_TIER_GPU)
+        atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) + 1,
+                              memory_order_release); /* W2 */
+}
+
+static void member_del(struct kvi_part *p, struct kvi_entry *e, uint32_t slot, uint8_t tier)
+{
+    if (tier == KVI_TIER_GPU) /* count first: readers never see more gpu members than exist */
+        atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) - 1,
+                              memory_order_release);
+    struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
+    if (ms == NULL) {
+        atomic_store_explicit(&e->one, KVI_NONE, memory_order_release);
+        e->one_eh = 0;
+        return;
+    }
+    uint32_t n = atomic_load_explicit(&ms->n, memory_order_relaxed);
+    if (n == 1) {
+        /* keep the array (readers may hold it); an empty set is n = 0 */
+        struct kvi_mset *nm = kvi_xmalloc(mset_bytes(4));
+        part_account(p, (int64_t)mset_bytes(4));
+        nm->cap = 4;
+        atomic_store_explicit(&nm->n, 0, memory_order_relaxed);
+        atomic_store_explicit(&e->many, nm, memory_order_release);
+        retire(p, ms, mset_bytes(ms->cap));
+        return;
+    }
+    uint32_t cap = ms->cap;
+    if (n - 1 <= cap / 4 && cap > 4)
+        cap /= 2;
+    struct kvi_mset *nm = kvi_xmalloc(mset_bytes(cap));
+    part_account(p, (int64_t)mset_bytes(cap));
+    nm->cap = cap;
+    uint32_t j = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (ms->m[i].slot != slot)
+            nm->m[j++] = ms->m[i];
+    atomic_store_explicit(&nm->n, j, memory_order_relaxed);
+    atomic_store_explicit(&e->many, nm, memory_order_release); /* W2 */
+    retire(p, ms, mset_bytes(ms->cap));
+}
+
+static bool entry_empty(const struct kvi_entry *e)
+{
+    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_relaxed);
+    if (ms != NULL)
+        return atomic_load_explicit(&ms->n, memory_order_relaxed) == 0;
+    return atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) == KVI_NONE;
+}
+
+/* ---- entries ---------------------------------------------------------------- */
+
+static uint32_t entry_alloc(struct kvi_index *ix, struct kvi_part *p)
+{
+    if (p->n_free > 0)
+        return p->free_idx[--p->n_free];
+    if (p->next_fresh == 0)
+        p->next_fresh = 1; /* index 0 is KVI_NONE */
+    uint32_t idx = p->next_fresh;
+    uint32_t c = idx >> KVI_ENTRY_CHUNK_SHIFT;
+    if (c >= KVI_ENTRY_CHUNKS_MAX)
+        kvi_die("partition entry space exhausted (%u chunks)", c);
+    if (atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL) {
+        struct kvi_entry *chunk = aligned_alloc(KVI_CACHE_LINE, KVI_ENTRY_CHUNK * sizeof(struct kvi_entry));
+        if (chunk == NULL)
+            kvi_die("out of memory for an entry chunk");
+        memset(chunk, 0, KVI_ENTRY_CHUNK * sizeof(struct kvi_entry));
+        part_account(p, KVI_ENTRY_CHUNK * sizeof(struct kvi_entry));
+        atomic_store_explicit(&p->chunks[c], chunk, memory_order_release);
+        p->n_chunks = c + 1;
+    }
+    p->next_fresh++;
+    (void)ix;
+    return idx;
+}
+
+static uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key, uint64_t seq, uint64_t content,
+                          uint32_t pos, uint32_t parent)
+{
+    uint32_t idx = entry_alloc(ix, p);
+    struct kvi_entry *e = kvi__entry(p, idx);
+    e->key = key;
+    e->pos = pos;
+    atomic_store_explicit(&e->gpu_n, 0, memory_order_relaxed);
+    atomic_store_explicit(&e->one, KVI_NONE, memory_order_relaxed);
+    atomic_store_explicit(&e->many, NULL, memory_order_relaxed);
+    e->parent = parent;
+    e->seq = seq;
+    e->content = content;
+    e->one_eh = 0;
+    e->first_child = KVI_NONE;
+    e->next_sibling = KVI_NONE;
+    if (parent != KVI_NONE) {
+        struct kvi_entry *pe = kvi__entry(p, parent);
+        e->next_sibling = pe->first_child;
+        pe->first_child = idx;
+    }
+    struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
+    tab_insert(p, &kc, &p->ktab, key, idx); /* W1 */
+    tab_insert(p, &sc, &p->stab, seq, idx);
+    counter_add(&p->entries, 1);
+    return idx;
+}
+
+/* Free an entry that has no members and no children, then its parent if that
+ * became empty and childless too. */
+static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx)
+{
+    while (idx != KVI_NONE) {
+        struct kvi_entry *e = kvi__entry(p, idx);
+        if (!entry_empty(e) || e->first_child != KVI_NONE)
+            return;
+        uint32_t parent = e->parent;
+        if (parent != KVI_NONE) {
+            struct kvi_entry *pe = kvi__entry(p, parent);
+            uint32_t *link = &pe->first_child;
+            while (*link != idx)
+                link = &kvi__entry(p, *link)->next_sibling;
+            *link = e->next_sibling;
+        }
+        struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
+        tab_delete(p, &kc, &p->ktab, e->key, idx);
+        tab_delete(p, &sc, &p->stab, e->seq, idx);
+        struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
+        if (ms != NULL)
+            retire(p, ms, mset_bytes(ms->cap));
+        if (p->n_pending == p->cap_pending) {
+            p->cap_pending = p->cap_pending ? p->cap_pending * 2 : 256;
+            p->pending_idx = kvi_xrealloc(p->pending_idx, p->cap_pending * sizeof(uint32_t));
+        }
+        p->pending_idx[p->n_pending++] = idx;
+        counter_add(&p->entries, (uint64_t)-1);
+        idx = parent;
+    }
+}
+
+/* ---- instances and slots ---------------------------------------------------- */
+
+static uint64_t inst_hash(uint64_t id, const char *name)
+{
+    if (name == NULL)
+        return fmix64(id ^ 0x5bd1e9955bd1e995ull) | 1;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *s = (const unsigned char *)name; *s; s++)
+        h = (h ^ *s) * 0x100000001b3ull;
+    return fmix64(h) & ~1ull; /* string and numeric spaces never meet */
+}
+
+static struct kvi_instance *inst_get(const struct kvi_index *ix, uint32_t id)
+{
+    struct kvi_instance *c = atomic_load_explicit(&((struct kvi_index *)ix)->inst_chunks[id >> KVI_INST_CHUNK_SHIFT],
+                                                  memory_order_acquire);
+    return &c[id & (KVI_INST_CHUNK - 1)];
+}
+
+static bool inst_matches(const struct kvi_instance *in, uint64_t id, const char *name)
+{
+    if (name == NULL)
+        return in->name == NULL && in->id == id;
+    return in->name != NULL && strcmp(in->name, name) == 0;
+}
+
+/* Under inst_lock. Returns dense id or -1. */
+static int64_t inst_lookup_locked(struct kvi_index *ix, uint64_t id, const char *name, uint32_t *slot_out)
+{
+    uint64_t h = inst_hash(id, name);
+    uint32_t i = (uint32_t)h & ix->inst_map_mask;
+    for (;; i = (i + 1) & ix->inst_map_mask) {
+        uint64_t v = ix->inst_map[i];
+        if (v == 0) {
+            if (slot_out)
+                *slot_out = i;
+            return -1;
+        }
+        uint32_t dense = (uint32_t)v - 1;
+        if ((v >> 32) == (h >> 32) && inst_matches(inst_get(ix, dense), id, name))
+            return dense;
+    }
+}
+
+int64_t kvi_index_find_instance(struct kvi_index *ix, uint64_t id, const char *name)
+{
+    pthread_mutex_lock(&ix->inst_lock);
+    int64_t r = inst_lookup_locked(ix, id, name, NULL);
+    pthread_mutex_unlock(&ix->inst_lock);
+    return r < 0 ? -ENOENT : r;
+}
+
+int64_t kvi_index_intern_instance(struct kvi_index *ix, uint64_t id, const char *name, bool shared)
+{
+    pthread_mutex_lock(&ix->inst_lock);
+    uint32_t at;
+    int64_t r = inst_lookup_locked(ix, id, name, &at);
+    if (r >= 0) {
+        pthread_mutex_unlock(&ix->inst_lock);
+        return r;
+    }
+    uint32_t dense = atomic_load_explicit(&ix->n_instances, memory_order_relaxed);
+    uint32_t c = dense >> KVI_INST_CHUNK_SHIFT;
+    if (c >= KVI_INST_CHUNKS_MAX) {
+        pthread_mutex_unlock(&ix->inst_lock);
+        return -ENOMEM;
+    }
+    if (atomic_load_explicit(&ix->inst_chunks[c], memory_order_relaxed) == NULL)
+        atomic_store_explicit(&ix->inst_chunks[c], kvi_xcalloc(KVI_INST_CHUNK, sizeof(struct kvi_instance)),
+                              memory_order_release);
+    struct kvi_instance *in = inst_get(ix, dense);
+    in->id = name ? 0 : id;
+    in->name = name ? strdup(name) : NULL;
+    if (name != NULL && in->name == NULL)
+        kvi_die("out of memory");
+    in->shared = shared;
+    in->part = dense % ix->n_parts;
+    atomic_store_explicit(&in->slots, NULL, memory_order_relaxed);
+    uint64_t h = inst_hash(id, name);
+    ix->inst_map[at] = (h & 0xffffffff00000000ull) | (dense + 1);
+    atomic_store_explicit(&ix->n_instances, dense + 1, memory_order_release);
+    /* keep the map at most half full */
+    if ((uint64_t)(dense + 1) * 2 > ix->inst_map_mask) {
+        uint32_t ncap = (ix->inst_map_mask + 1) * 2;
+        uint64_t *nm = kvi_xcalloc(ncap, sizeof(uint64_t));
+        for (uint32_t i = 0; i <= ix->inst_map_mask; i++) {
+            uint64_t v = ix->inst_map[i];
+            if (v == 0)
+                continue;
+            uint32_t j = (uint32_t)(v >> 32) & (ncap - 1);
+            /* position by the tag's low bits of the hash: recompute from the instance */
+            struct kvi_instance *x = inst_get(ix, (uint32_t)v - 1);
+            j = (uint32_t)inst_hash(x->id, x->name) & (ncap - 1);
+            while (nm[j] != 0)
+                j = (j + 1) & (ncap - 1);
+            nm[j] = v;
+        }
+        free(ix->inst_map);
+        ix->inst_map = nm;
+        ix->inst_map_mask = ncap - 1;
+    }
+    pthread_mutex_unlock(&ix->inst_lock);
+    return dense;
+}
+
+int kvi_index_instance_info(struct kvi_index *ix, uint32_t instance, uint64_t *id, const char **name, bool *shared)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire))
+        return -ENOENT;
+    struct kvi_instance *in = inst_get(ix, instance);
+    if (id)
+        *id = in->id;
+    if (name)
+        *name = in->name;
+    if (shared)
+        *shared = in->shared;
+    return 0;
+}
+
+uint32_t kvi_index_partition_of(const struct kvi_index *ix, uint32_t instance)
+{
+    return instance % ix->n_parts;
+}
+
+/* Writer of the instance's partition: find the slot (instance, rank, tier). */
+static uint32_t slot_find(const struct kvi_index *ix, uint32_t instance, uint32_t rank, uint8_t tier)
+{
+    struct kvi_slotlist *sl = atomic_load_explicit(&inst_get(ix, instance)->slots, memory_order_acquire);
+    if (sl == NULL)
+        return KVI_NONE;
+    for (uint32_t i = 0; i < sl->n; i++) {
+        struct kvi_slot *s = kvi__slot(ix, sl->id[i]);
+        if (s->dp_rank == rank && s->tier == tier)
+            return s->id;
+    }
+    return KVI_NONE;
+}
+
+static uint32_t slot_create(struct kvi_index *ix, uint32_t instance, uint32_t rank, uint8_t tier)
+{
+    struct kvi_instance *in = inst_get(ix, instance);
+    pthread_mutex_lock(&ix->slot_lock);
+    uint32_t id;
+    if (ix->n_free_slot_ids > 0) {
+        id = ix->free_slot_ids[--ix->n_free_slot_ids];
+    } else {
+        id = atomic_load_explicit(&ix->n_slot_ids, memory_order_relaxed);
+        uint32_t c = id >> KVI_SLOT_CHUNK_SHIFT;
+        if (c >= KVI_SLOT_CHUNKS_MAX)
+            kvi_die("slot space exhausted");
+        if (atomic_load_explicit(&ix->slot_chunks[c], memory_order_relaxed) == NULL)
+            atomic_store_explicit(&ix->slot_chunks[c], kvi_xcalloc(KVI_SLOT_CHUNK, sizeof(struct kvi_slot)),
+                                  memory_order_release);
+        atomic_store_explicit(&ix->n_slot_ids, id + 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&ix->slot_lock);
+    struct kvi_slot *s = kvi__slot(ix, id);
+    s->id = id;
+    s->instance = instance;
+    s->dp_rank = rank;
+    s->tier = tier;
+    s->shared = in->shared;
+    atomic_store_explicit(&s->n_blocks, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->map.t, NULL, memory_order_relaxed);
+    atomic_store_explicit(&s->live, true, memory_order_release);
+    if (tier != KVI_TIER_GPU)
+        atomic_store_explicit(&ix->has_lower_tiers, true, memory_order_release);
+    if (in->shared)
+        atomic_store_explicit(&ix->has_shared, true, memory_order_release);
+
+    struct kvi_part *p = &ix->parts[in->part];
+    struct kvi_slotlist *old = atomic_load_explicit(&in->slots, memory_order_relaxed);
+    uint32_t n = old ? old->n : 0;
+    struct kvi_slotlist *nl = kvi_xmalloc(sizeof *nl + (n + 1) * sizeof(uint32_t));
+    part_account(p, (int64_t)(sizeof *nl + (n + 1) * sizeof(uint32_t)));
+    nl->n = n + 1;
+    if (n)
+        memcpy(nl->id, old->id, n * sizeof(uint32_t));
+    nl->id[n] = id;
+    atomic_store_explicit(&in->slots, nl, memory_order_release);
+    if (old)
+        retire(p, old, sizeof *old + n * sizeof(uint32_t));
+    return id;
+}
+
+/* ---- creation ---------------------------------------------------------------- */
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        v = kvi_now_ns() ^ (uint64_t)(uintptr_t)&v;
+    return v;
+}
+
+struct kvi_index *kvi_index_create(const struct kvi_index_config *cfg)
+{
+    if (cfg == NULL || cfg->block_size == 0 || cfg->n_parts == 0 || cfg->n_parts > 1024) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct kvi_index *ix = calloc(1, sizeof *ix);
+    if (ix == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    ix->block_size = cfg->block_size;
+    ix->n_parts = cfg->n_parts;
+    atomic_store(&ix->jump, cfg->jump ? cfg->jump : KVI_DEFAULT_JUMP);
+    uint64_t seed = cfg->key_seed ? cfg->key_seed : random_u64();
+    ix->kseed = fmix64(seed ^ 0x243f6a8885a308d3ull);
+    ix->kxor = fmix64(seed + 0x13198a2e03707344ull);
+    ix->tseed = fmix64(seed ^ 0xa4093822299f31d0ull);
+    pthread_mutex_init(&ix->inst_lock, NULL);
+    pthread_mutex_init(&ix->slot_lock, NULL);
+    atomic_store(&ix->n_slot_ids, 1); /* slot id 0 is KVI_NONE */
+    ix->inst_map_mask = 63;
+    ix->inst_map = kvi_xcalloc(64, sizeof(uint64_t));
+    ix->parts = aligned_alloc(KVI_CACHE_LINE, sizeof(struct kvi_part) * cfg->n_parts);
+    if (ix->parts == NULL) {
+        free(ix->inst_map);
+        free(ix);
+        errno = ENOMEM;
+        return NULL;
+    }
+    memset(ix->parts, 0, sizeof(struct kvi_part) * cfg->n_parts);
+    return ix;
+}
+
+void kvi_index_destroy(struct kvi_index *ix)
+{
+    if (ix == NULL)
+        return;
+    for (uint32_t i = 0; i < ix->n_parts; i++) {
+        struct kvi_part *p = &ix->parts[i];
+        for (uint32_t c = 0; c < p->n_chunks; c++) {
+            struct kvi_entry *chunk = atomic_load_explicit(&p->chunks[c], memory_order_relaxed);
+            if (chunk == NULL)
+                continue;
+            for (uint32_t j = 0; j < KVI_ENTRY_CHUNK; j++) {
+                struct kvi_mset *ms = atomic_load_explicit(&chunk[j].many, memory_order_relaxed);
+                free(ms);
+            }
+            free(chunk);
+        }
+        free(atomic_load_explicit(&p->ktab.t, memory_order_relaxed));
+        free(atomic_load_explicit(&p->stab.t, memory_order_relaxed));
+        for (uint32_t r = 0; r < p->n_retired; r++)
+            free(p->retired[r].p);
+        free(p->retired);
+        free(p->free_idx);
+        free(p->pending_idx);
+        free(p->stack);
+        free(p->sortbuf);
+        free(p->pending_slots);
+    }
+    uint32_t ns = atomic_load(&ix->n_slot_ids);
+    for (uint32_t c = 0; c <= (ns >> KVI_SLOT_CHUNK_SHIFT); c++) {
+        struct kvi_slot *chunk = atomic_load_explicit(&ix->slot_chunks[c], memory_order_relaxed);
+        if (chunk == NULL)
+            continue;
+        for (uint32_t j = 0; j < KVI_SLOT_CHUNK; j++)
+            free(atomic_load_explicit(&chunk[j].map.t, memory_order_relaxed));
+        free(chunk);
+    }
+    uint32_t ni = atomic_load(&ix->n_instances);
+    for (uint32_t i = 0; i < ni; i++) {
+        struct kvi_instance *in = inst_get(ix, i);
+        free(in->name);
+        free(atomic_load_explicit(&in->slots, memory_order_relaxed));
+    }
+    for (uint32_t c = 0; c < KVI_INST_CHUNKS_MAX; c++)
+        free(atomic_load_explicit(&ix->inst_chunks[c], memory_order_relaxed));
+    free(ix->inst_map);
+    free(ix->free_slot_ids);
+    pthread_mutex_destroy(&ix->inst_lock);
+    pthread_mutex_destroy(&ix->slot_lock);
+    free(ix->parts);
+    free(ix);
+}
+
+uint32_t kvi_index_block_size(const struct kvi_index *ix) { return ix->block_size; }
+uint32_t kvi_index_n_parts(const struct kvi_index *ix) { return ix->n_parts; }
+void kvi_index_set_jump(struct kvi_index *ix, uint32_t jump) { atomic_store(&ix->jump, jump); }
+
+/* ---- slot maps (engine hash -> entry), writer only --------------------------- */
+
+static uint32_t map_find(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint64_t eh)
+{
+    struct tab_ctx c = {ix, p, TAB_MAP, s->id};
+    return tab_find(&c, &s->map, eh);
+}
+
+static void map_insert(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint64_t eh, uint32_t idx)
+{
+    struct tab_ctx c = {ix, p, TAB_MAP, s->id};
+    tab_insert(p, &c, &s->map, eh, idx);
+}
+
+static void map_delete(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint64_t eh, uint32_t idx)
+{
+    struct tab_ctx c = {ix, p, TAB_MAP, s->id};
+    tab_delete(p, &c, &s->map, eh, idx);
+}
+
+static void stack_push(struct kvi_part *p, uint32_t *n, uint32_t v)
+{
+    if (*n == p->cap_stack) {
+        p->cap_stack = p->cap_stack ? p->cap_stack * 2 : 1024;
+        p->stack = kvi_xrealloc(p->stack, p->cap_stack * sizeof(uint32_t));
+    }
+    p->stack[(*n)++] = v;
+}
+
+/* Drop one holding of slot s without touching s's map (the caller does). */
+static void holding_drop(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx)
+{
+    struct kvi_entry *e = kvi__entry(p, idx);
+    member_del(p, e, s->id, s->tier);
+    atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) - 1,
+                          memory_order_relaxed);
+    counter_add(&p->holdings, (uint64_t)-1);
+    counter_add(&p->removed_blocks, 1);
+    entry_release(ix, p, idx);
+}
+
+/* Remove slot s's holding of entry idx and every descendant s holds,
+ * children before parents so that concurrent readers see nested sets. */
+static void holding_remove_cascade(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx)
+{
+    uint32_t n = 0;
+    stack_push(p, &n, idx);
+    for (uint32_t k = 0; k < n; k++) {
+        for (uint32_t c = kvi__entry(p, p->stack[k])->first_child; c != KVI_NONE; c = kvi__entry(p, c)->next_sibling)
+            if (has_member(kvi__entry(p, c), s->id))
+                stack_push(p, &n, c);
+    }
+    while (n > 0) {
+        uint32_t e_idx = p->stack[--n];
+        bool f;
+        uint64_t eh = member_eh(kvi__entry(p, e_idx), s->id, &f);
+        map_delete(ix, p, s, eh, e_idx);
+        holding_drop(ix, p, s, e_idx);
+    }
+}
+
+static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t parent_eh, const struct kvi_block *b,
+                               size_t n)
+{
+    size_t m = n + (has_parent ? 1 : 0);
+    if (m < 2)
+        return false;
+    if (m <= 16) {
+        for (size_t i = 0; i < n; i++) {
+            if (has_parent && b[i].engine_hash == parent_eh)
+                return true;
+            for (size_t j = i + 1; j < n; j++)
+                if (b[i].engine_hash == b[j].engine_hash)
+                    return true;
+        }
+        return false;
+    }
+    if (m > p->cap_sortbuf) {
+        p->cap_sortbuf = m * 2;
+        p->sortbuf = kvi_xrealloc(p->sortbuf, p->cap_sortbuf * sizeof(uint64_t));
+    }
+    for (size_t i = 0; i < n; i++)
+        p->sortbuf[i] = b[i].engine_hash;
+    if (has_parent)
+        p->sortbuf[n] = parent_eh;
+    qsort(p->sortbuf, m, sizeof(uint64_t), kvi__cmp_u64);
+    for (size_t i = 1; i < m; i++)
+        if (p->sortbuf[i] == p->sortbuf[i - 1])
+            return true;
+    return false;
+}
+
+static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum kvi_tier tier, bool has_parent,
+                    uint64_t parent_eh, uint32_t position, const struct kvi_block *b, const uint64_t *seq, size_t n)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire) || (unsigned)tier >= KVI_TIER_COUNT)
+        return -EINVAL;
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    if (n == 0)
+        return 0;
+    if (run_has_duplicates(p, has_parent, parent_eh, b, n)) {
+        counter_add(&p->invalid_events, 1);
+        return -EINVAL;
+    }
+    uint32_t sid = slot_find(ix, instance, rank, (uint8_t)tier);
+    struct kvi_slot *s = sid ? kvi__slot(ix, sid) : NULL;
+
+    uint32_t prev = KVI_NONE, pos0 = 0;
+    uint64_t k = ix->kseed, sq = 0;
+    bool seq_only = false;
+    if (has_parent) {
+        if (s != NULL)
+            prev = map_find(ix, p, s, parent_eh);
+        if (prev == KVI_NONE && tier != KVI_TIER_GPU) {
+            struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+            for (uint32_t i = 0; sl != NULL && i < sl->n && prev == KVI_NONE; i++) {
+                struct kvi_slot *o = kvi__slot(ix, sl->id[i]);
+                if (o != s && o->dp_rank == rank)
+                    prev = map_find(ix, p, o, parent_eh);
+            }
+        }
+        if (prev == KVI_NONE) {
+            counter_add(&p->parent_not_found, 1);
+            return -ENOENT;
+        }
+        struct kvi_entry *pe = kvi__entry(p, prev);
+        pos0 = pe->pos + 1;
+        k = pe->key;
+        sq = pe->seq;
+    } else if (position > 0) {
+        if (seq == NULL || tier == KVI_TIER_GPU) {
+            counter_add(&p->invalid_events, 1);
+            return -EINVAL;
+        }
+        /* a lower-tier run placed by standard seq hashes alone: reachable by
+         * seq queries and tier walks through seq keys only */
+        pos0 = position;
+        seq_only = true;
+        k = fmix64(seq[0] ^ ix->kxor) ^ 0x8000000000000001ull;
+    }
+    if (s == NULL) {
+        sid = slot_create(ix, instance, rank, (uint8_t)tier);
+        s = kvi__slot(ix, sid);
+    }
+    bool parent_in_slot = prev != KVI_NONE && has_member(kvi__entry(p, prev), sid);
+
+    for (size_t i = 0; i < n; i++) {
+        uint32_t pos = pos0 + (uint32_t)i;
+        if (seq_only && i == 0) {
+            /* k already set */
+        } else {
+            k = key_step(ix, k, b[i].content_hash, pos);
+        }
+        if (seq != NULL)
+            sq = seq[i];
+        else
+            sq = pos == 0 ? b[i].content_hash : kvi_seq_hash_next(sq, b[i].content_hash);
+        if (i + 1 < n) {
+            tab_prefetch(ix, &p->ktab, key_step(ix, k, b[i + 1].content_hash, pos + 1));
+            tab_prefetch(ix, &s->map, b[i + 1].engine_hash);
+        }
+
+        uint32_t have = map_find(ix, p, s, b[i].engine_hash);
+        if (have != KVI_NONE) {
+            struct kvi_entry *he = kvi__entry(p, have);
+            if (he->key == k && he->pos == pos) {
+                prev = have; /* idempotent re-store */
+                parent_in_slot = true;
+                continue;
+            }
+            /* the engine renamed a different block: drop the old one */
+            holding_remove_cascade(ix, p, s, have);
+            if (parent_in_slot && !has_member(kvi__entry(p, prev), sid)) {
+                counter_add(&p->invalid_events, 1);
+                maybe_reclaim(ix, in->part);
+                return -EINVAL;
+            }
+        }
+        struct tab_ctx kc = {ix, p, TAB_KEY, 0};
+        uint32_t idx = tab_find(&kc, &p->ktab, k);
+        if (idx != KVI_NONE && kvi__entry(p, idx)->pos != pos)
+            idx = KVI_NONE; /* 2^-64 key collision across depths: keep them apart */
+        if (idx == KVI_NONE)
+            idx = entry_new(ix, p, k, sq, b[i].content_hash, pos, prev);
+        struct kvi_entry *e = kvi__entry(p, idx);
+        bool f;
+        uint64_t old_eh = member_eh(e, sid, &f);
+        if (f) {
+            /* the slot holds this prefix under another engine hash: rename */
+            map_delete(ix, p, s, old_eh, idx);
+            struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
+            if (ms == NULL) {
+                e->one_eh = b[i].engine_hash;
+            } else {
+                uint32_t mn = atomic_load_explicit(&ms->n, memory_order_relaxed);
+                for (uint32_t j = 0; j < mn; j++)
+                    if (ms->m[j].slot == sid)
+                        ms->m[j].eh = b[i].engine_hash;
+            }
+            map_insert(ix, p, s, b[i].engine_hash, idx);
+        } else {
+            member_add(ix, p, e, sid, (uint8_t)tier, b[i].engine_hash);
+            map_insert(ix, p, s, b[i].engine_hash, idx);
+            atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) + 1,
+                                  memory_order_relaxed);
+            counter_add(&p->holdings, 1);
+            counter_add(&p->stored_blocks, 1);
+        }
+        prev = idx;
+        parent_in_slot = true;
+    }
+    maybe_reclaim(ix, in->part);
+    return 0;
+}
+
+int kvi_index_store(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier, bool has_parent,
+                    uint64_t parent_engine_hash, const struct kvi_block *blocks, size_t n)
+{
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, 0, blocks, NULL, n);
+}
+
+int kvi_index_store_seq(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                        bool has_parent, uint64_t parent_engine_hash, uint32_t position,
+                        const struct kvi_block *blocks, const uint64_t *seq, size_t n)
+{
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, has_parent ? 0 : position, blocks,
+                    seq, n);
+}
+
+size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                        const uint64_t *engine_hashes, size_t n)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire) || (unsigned)tier >= KVI_TIER_COUNT)
+        return 0;
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    uint32_t sid = slot_find(ix, instance, dp_rank, (uint8_t)tier);
+    if (sid == KVI_NONE) {
+        counter_add(&p->unknown_removes, n);
+        return 0;
+    }
+    struct kvi_slot *s = kvi__slot(ix, sid);
+    size_t known = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i + 1 < n)
+            tab_prefetch(ix, &s->map, engine_hashes[i + 1]);
+        uint32_t idx = map_find(ix, p, s, engine_hashes[i]);
+        if (idx == KVI_NONE) {
+            counter_add(&p->unknown_removes, 1);
+            continue;
+        }
+        known++;
+        holding_remove_cascade(ix, p, s, idx);
+    }
+    maybe_reclaim(ix, in->part);
+    return known;
+}
+
+static int cmp_desc_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* Collect slot s's holdings as (pos << 32 | entry) in p->sortbuf. */
+static size_t slot_collect(struct kvi_part *p, struct kvi_slot *s)
+{
+    struct kvi_tab *t = atomic_load_explicit(&s->map.t, memory_order_relaxed);
+    size_t m = 0;
+    if (t == NULL)
+        return 0;
+    if (t->live > p->cap_sortbuf) {
+        p->cap_sortbuf = (size_t)t->live * 2;
+        p->sortbuf = kvi_xrealloc(p->sortbuf, p->cap_sortbuf * sizeof(uint64_t));
+    }
+    for (uint32_t i = 0; i <= t->mask; i++) {
+        uint64_t v = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+        uint32_t idx = (uint32_t)v;
+        if (v == 0 || idx == KVI_TOMB)
+            continue;
+        p->sortbuf[m++] = ((uint64_t)kvi__entry(p, idx)->pos << 32) | idx;
+    }
+    return m;
+}
+
+/* Drop all of slot s's holdings (deepest first) and its map. */
+static void slot_clear(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s)
+{
+    size_t m = slot_collect(p, s);
+    qsort(p->sortbuf, m, sizeof(uint64_t), cmp_desc_u64);
+    for (size_t i = 0; i < m; i++)
+        holding_drop(ix, p, s, (uint32_t)p->sortbuf[i]);
+    tab_free_now(p, &s->map);
+}
+
+static void slot_forget(struct kvi_index *ix, struct kvi_part *p, struct kvi_instance *in, uint32_t sid)
+{
+    struct kvi_slot *s = kvi__slot(ix, sid);
+    atomic_store_explicit(&s->live, false, memory_order_release);
+    struct kvi_slotlist *old = atomic_load_explicit(&in->slots, memory_order_relaxed);
+    uint32_t n = old->n;
+    struct kvi_slotlist *nl = kvi_xmalloc(sizeof *nl + n * sizeof(uint32_t));
+    part_account(p, (int64_t)(sizeof *nl + n * sizeof(uint32_t)));
+    nl->n = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (old->id[i] != sid)
+            nl->id[nl->n++] = old->id[i];
+    atomic_store_explicit(&in->slots, nl, memory_order_release);
+    retire(p, old, sizeof *old + n * sizeof(uint32_t));
+    if (p->n_pending_slots == p->cap_pending_slots) {
+        p->cap_pending_slots = p->cap_pending_slots ? p->cap_pending_slots * 2 : 16;
+        p->pending_slots = kvi_xrealloc(p->pending_slots, p->cap_pending_slots * sizeof(uint32_t));
+    }
+    p->pending_slots[p->n_pending_slots++] = sid;
+}
+
+/* Clear (and optionally forget) the slots of an instance matching rank
+ * (UINT32_MAX = every rank). */
+static void instance_drop(struct kvi_index *ix, uint32_t instance, uint32_t rank, bool forget)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire))
+        return;
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+    if (sl == NULL)
+        return;
+    /* lower tiers first: their entries may hang below gpu entries */
+    for (int tier = KVI_TIER_COUNT - 1; tier >= 0; tier--) {
+        sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+        for (uint32_t i = 0; i < sl->n; i++) {
+            struct kvi_slot *s = kvi__slot(ix, sl->id[i]);
+            if (s->tier != tier || (rank != UINT32_MAX && s->dp_rank != rank))
+                continue;
+            slot_clear(ix, p, s);
+            if (forget) {
+                slot_forget(ix, p, in, s->id);
+                sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+                i = (uint32_t)-1; /* restart: the list changed */
+            }
+        }
+    }
+    maybe_reclaim(ix, in->part);
+}
+
+void kvi_index_clear(struct kvi_index *ix, uint32_t instance)
+{
+    instance_drop(ix, instance, UINT32_MAX, false);
+}
+
+void kvi_index_remove_dp_rank(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank)
+{
+    instance_drop(ix, instance, dp_rank, true);
+}
+
+void kvi_index_remove_instance(struct kvi_index *ix, uint32_t instance)
+{
+    instance_drop(ix, instance, UINT32_MAX, true);
+}
+
+/* ---- dump -------------------------------------------------------------------- */
+
+static int cmp_asc_u64(const void *a, const void *b)
+{
+    return kvi__cmp_u64(a, b);
+}
+
+static int cmp_slot_order(const void *a, const void *b, void *arg)
+{
+    const struct kvi_index *ix = arg;
+    const struct kvi_slot *x = kvi__slot(ix, *(const uint32_t *)a), *y = kvi__slot(ix, *(const uint32_t *)b);
+    if (x->dp_rank != y->dp_rank)
+        return x->dp_rank < y->dp_rank ? -1 : 1;
+    return (x->tier > y->tier) - (x->tier < y->tier);
+}
+
+void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn emit, void *ctx)
+{
+    struct kvi_part *p = &ix->parts[part];
+    uint32_t ni = atomic_load_explicit(&ix->n_instances, memory_order_acquire);
+    for (uint32_t ii = part; ii < ni; ii += ix->n_parts) {
+        struct kvi_instance *in = inst_get(ix, ii);
+        struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+        if (sl == NULL || sl->n == 0)
+            continue;
+        uint32_t *order = kvi_xmalloc(sl->n * sizeof(uint32_t));
+        memcpy(order, sl->id, sl->n * sizeof(uint32_t));
+        qsort_r(order, sl->n, sizeof(uint32_t), cmp_slot_order, ix);
+        for (uint32_t si = 0; si < sl->n; si++) {
+            struct kvi_slot *s = kvi__slot(ix, order[si]);
+            size_t m = slot_collect(p, s);
+            qsort(p->sortbuf, m, sizeof(uint64_t), cmp_asc_u64);
+            for (size_t i = 0; i < m; i++) {
+                uint32_t idx = (uint32_t)p->sortbuf[i];
+                struct kvi_entry *e = kvi__entry(p, idx);
+                bool f;
+                struct kvi_dump_block d = {
+                    .instance = ii,
+                    .dp_rank = s->dp_rank,
+                    .tier = (enum kvi_tier)s->tier,
+                    .position = e->pos,
+                    .engine_hash = member_eh(e, s->id, &f),
+                    .content_hash = e->content,
+                    .seq_hash = e->seq,
+                };
+                if (e->parent != KVI_NONE) {
+                    struct kvi_entry *pe = kvi__entry(p, e->parent);
+                    uint64_t peh = member_eh(pe, s->id, &f);
+                    for (uint32_t oj = 0; !f && oj < sl->n; oj++) {
+                        struct kvi_slot *o = kvi__slot(ix, order[oj]);
+                        if (o->dp_rank == s->dp_rank && o->tier < s->tier)
+                            peh = member_eh(pe, o->id, &f);
+                    }
+                    d.has_parent = f;
+                    d.parent_engine_hash = f ? peh : 0;
+                }
+                emit(ctx, &d);
+            }
+        }
+        free(order);
+    }
+}
+
+/* ---- queries ----------------------------------------------------------------- */
+
+struct qscratch {
+    uint64_t *keys;
+    size_t cap_keys;
+    uint32_t *depth;
+    uint32_t *gen;
+    size_t cap_slots;
+    uint32_t cur_gen;
+    struct kvi_match *gm;
+    size_t cap_gm;
+};
+
+static pthread_key_t qs_key;
+static pthread_once_t qs_once = PTHREAD_ONCE_INIT;
+
+static void qs_free(void *v)
+{
+    struct qscratch *q = v;
+    free(q->keys);
+    free(q->depth);
+    free(q->gen);
+    free(q->gm);
+    free(q);
+}
+
+static void qs_init(void)
+{
+    if (pthread_key_create(&qs_key, qs_free) != 0)
+        kvi_die("pthread_key_create");
+}
+
+static struct qscratch *qs_get(void)
+{
+    pthread_once(&qs_once, qs_init);
+    struct qscratch *q = pthread_getspecific(qs_key);
+    if (KVI_UNLIKELY(q == NULL)) {
+        q = kvi_xcalloc(1, sizeof *q);
+        pthread_setspecific(qs_key, q);
+    }
+    return q;
+}
+
+static uint64_t *qs_keys(struct qscratch *q, size_t n)
+{
+    if (KVI_UNLIKELY(n > q->cap_keys)) {
+        q->cap_keys = KVI_MAX(n, 1024);
+        free(q->keys);
+        q->keys = kvi_xmalloc(q->cap_keys * sizeof(uint64_t));
+    }
+    return q->keys;
+}
+
+static void qs_slots(struct qscratch *q, size_t n_slots)
+{
+    if (KVI_UNLIKELY(n_slots > q->cap_slots)) {
+        size_t cap = KVI_MAX(n_slots * 2, 256);
+        q->depth = kvi_xrealloc(q->depth, cap * sizeof(uint32_t));
+        q->gen = kvi_xrealloc(q->gen, cap * sizeof(uint32_t));
+        memset(q->gen + q->cap_slots, 0, (cap - q->cap_slots) * sizeof(uint32_t));
+        q->cap_slots = cap;
+    }
+    if (KVI_UNLIKELY(++q->cur_gen == 0)) {
+        memset(q->gen, 0, q->cap_slots * sizeof(uint32_t));
+        q->cur_gen = 1;
+    }
+}
+
+struct finder {
+    const struct kvi_index *ix;
+    const struct kvi_part *p;
+    struct tab_ctx c;
+    const struct kvi_table *tb;
+    const uint64_t *keys;
+    struct qscratch *q;
+    uint32_t n_slots;
+};
+
+static inline const struct kvi_entry *probe(const struct finder *f, uint32_t t, uint32_t *cnt)
+{
+    uint32_t idx = tab_find(&f->c, f->tb, f->keys[t]);
+    if (idx == KVI_NONE) {
+        *cnt = 0;
+        return NULL;
+    }
+    const struct kvi_entry *e = kvi__entry(f->p, idx);
+    if (e->pos != t) {
+        *cnt = 0;
+        return NULL;
+    }
+    *cnt = atomic_load_explicit(&((struct kvi_entry *)e)->gpu_n, memory_order_acquire); /* R2 */
+    return e;
+}
+
+/* Every gpu member of e has matched at least `depth` blocks. */
+static void assign(const struct finder *f, const struct kvi_entry *e, uint32_t depth)
+{
+    if (e == NULL)
+        return;
+    struct qscratch *q = f->q;
+    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire); /* R2 */
+    if (ms == NULL) {
+        uint32_t s = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire);
+        if (s != KVI_NONE && s < f->n_slots && kvi__slot(f->ix, s)->tier == KVI_TIER_GPU) {
+            q->depth[s] = depth;
+            q->gen[s] = q->cur_gen;
+        }
+        return;
+    }
+    uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t s = ms->m[i].slot;
+        if (ms->m[i].tier == KVI_TIER_GPU && s < f->n_slots) {
+            q->depth[s] = depth;
+            q->gen[s] = q->cur_gen;
+        }
+    }
+}
+
+/* Counts differ between lo and hi: find the drain points in (lo, hi]. */
+static void refine(const struct finder *f, uint32_t lo, const struct kvi_entry *elo, uint32_t clo, uint32_t hi,
+                   const struct kvi_entry *ehi, uint32_t chi)
+{
+    if (hi == lo + 1) {
+        assign(f, elo, hi);
+        return;
+    }
+    uint32_t mid = lo + (hi - lo) / 2, cmid;
+    const struct kvi_entry *emid = probe(f, mid, &cmid);
+    if (cmid != clo)
+        refine(f, lo, elo, clo, mid, emid, cmid);
+    if (cmid != chi)
+        refine(f, mid, emid, cmid, hi, ehi, chi);
+}
+
+static size_t emit_part(const struct finder *f, const struct kvi_entry *e0, struct kvi_match *out, size_t cap,
+                        size_t count)
+{
+    struct qscratch *q = f->q;
+    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e0)->many, memory_order_acquire);
+    uint32_t one = KVI_NONE, n = 1;
+    if (ms == NULL)
+        one = atomic_load_explicit(&((struct kvi_entry *)e0)->one, memory_order_acquire);
+    else
+        n = atomic_load_explicit(&ms->n, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t s = ms ? ms->m[i].slot : one;
+        if (s == KVI_NONE || s >= f->n_slots || q->gen[s] != q->cur_gen)
+            continue;
+        q->gen[s] = 0; /* emit once */
+        if (count < cap) {
+            const struct kvi_slot *sl = kvi__slot(f->ix, s);
+            out[count] = (struct kvi_match){
+                .slot = s,
+                .instance = sl->instance,
+                .dp_rank = sl->dp_rank,
+                .depth = q->depth[s],
+                .tree_size = atomic_load_explicit(&((struct kvi_slot *)sl)->n_blocks, memory_order_relaxed),
+            };
+        }
+        count++;
+    }
+    return count;
+}
+
+static size_t find_core(const struct kvi_index *ix, const uint64_t *keys, size_t n, enum tab_kind kind,
+                        struct qscratch *q, struct kvi_match *out, size_t cap)
+{
+    size_t count = 0;
+    if (n == 0)
+        return 0;
+    uint32_t jump = atomic_load_explicit(&((struct kvi_index *)ix)->jump, memory_order_relaxed);
+    uint32_t last = (uint32_t)n - 1;
+    if (jump == 0 || jump > last)
+        jump = last ? last : 1;
+    for (uint32_t pi = 0; pi < ix->n_parts; pi++) {
+        struct finder f = {
+            .ix = ix,
+            .p = &ix->parts[pi],
+            .c = {ix, &ix->parts[pi], kind, 0},
+            .tb = kind == TAB_KEY ? &ix->parts[pi].ktab : &ix->parts[pi].stab,
+            .keys = keys,
+            .q = q,
+        };
+        f.n_slots = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire);
+        qs_slots(q, f.n_slots);
+        uint32_t c0;
+        const struct kvi_entry *e0 = probe(&f, 0, &c0);
+        if (c0 == 0)
+            continue;
+        uint32_t cur = 0, ccur = c0;
+        const struct kvi_entry *ecur = e0;
+        while (cur < last) {
+            uint32_t nxt = cur + jump < last ? cur + jump : last, cn;
+            const struct kvi_entry *en = probe(&f, nxt, &cn);
+            if (cn != ccur)
+                refine(&f, cur, ecur, ccur, nxt, en, cn);
+            cur = nxt;
+            ccur = cn;
+            ecur = en;
+            if (ccur == 0)
+                break;
+        }
+        if (ccur > 0)
+            assign(&f, ecur, cur + 1);
+        count = emit_part(&f, e0, out, cap, count);
+    }
+    return count;
+}
+
+size_t kvi_index_find_matches(const struct kvi_index *ix, const uint64_t *content, size_t n, struct kvi_match *out,
+                              size_t cap)
+{
+    struct qscratch *q = qs_get();
+    uint64_t *keys = qs_keys(q, n);
+    kvi_index_prefix_keys(ix, content, n, keys);
+    return find_core(ix, keys, n, TAB_KEY, q, out, cap);
+}
+
+size_t kvi_index_find_matches_by_seq(const struct kvi_index *ix, const uint64_t *seq, size_t n, struct kvi_match *out,
+                                     size_t cap)
+{
+    return find_core(ix, seq, n, TAB_SEQ, qs_get(), out, cap);
+}
+
+/* Does slot s hold the query's entry at position t? */
+static bool slot_holds(const struct kvi_index *ix, const struct kvi_slot *s, const uint64_t *keys, enum tab_kind kind,
+                       uint32_t t)
+{
+    const struct kvi_part *p = &ix->parts[inst_get(ix, s->instance)->part];
+    struct tab_ctx c = {ix, p, kind, 0};
+    uint32_t idx = tab_find(&c, kind == TAB_KEY ? &p->ktab : &p->stab, keys[t]);
+    if (idx == KVI_NONE)
+        return false;
+    const struct kvi_entry *e = kvi__entry(p, idx);
+    if (e->pos != t)
+        return false;
+    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire);
+    if (ms == NULL)
+        return atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) == s->id;
+    uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++)
+        if (ms->m[i].slot == s->id)
+            return true;
+    return false;
+}
+
+static bool tier_usable(const struct kvi_index *ix, const struct kvi_slot *const *own, size_t n_own,
+                        const struct kvi_slot *const *shared, size_t n_shared, bool disk, const uint64_t *keys,
+                        enum tab_kind kind, uint32_t t)
+{
+    for (size_t i = 0; i < n_own; i++) {
+        bool is_disk = own[i]->tier == KVI_TIER_DISK || own[i]->tier == KVI_TIER_EXTERNAL;
+        if ((disk ? is_disk : own[i]->tier == KVI_TIER_CPU) && slot_holds(ix, own[i], keys, kind, t))
+            return true;
+    }
+    for (size_t i = 0; i < n_shared; i++) {
+        bool is_disk = shared[i]->tier == KVI_TIER_DISK || shared[i]->tier == KVI_TIER_EXTERNAL;
+        if ((disk ? is_disk : shared[i]->tier == KVI_TIER_CPU) && slot_holds(ix, shared[i], keys, kind, t))
+            return true;
+    }
+    return false;
+}
+
+size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content, const uint64_t *seq, size_t n,
+                             struct kvi_tier_match *out, size_t cap)
+{
+    struct qscratch *q = qs_get();
+    const uint64_t *keys = seq;
+    enum tab_kind kind = TAB_SEQ;
+    if (content != NULL) {
+        uint64_t *k = qs_keys(q, n);
+        kvi_index_prefix_keys(ix, content, n, k);
+        keys = k;
+        kind = TAB_KEY;
+    }
+    if (n == 0)
+        return 0;
+    /* gpu matches into the scratch buffer */
+    size_t ng;
+    for (;;) {
+        ng = find_core(ix, keys, n, kind, q, q->gm, q->cap_gm);
+        if (ng <= q->cap_gm)
+            break;
+        q->cap_gm = ng * 2;
+        free(q->gm);
+        q->gm = kvi_xmalloc(q->cap_gm * sizeof *q->gm);
+    }
+    bool lower = atomic_load_explicit(&((struct kvi_index *)ix)->has_lower_tiers, memory_order_acquire);
+    size_t count = 0;
+    if (!lower) {
+        for (size_t i = 0; i < ng; i++) {
+            const struct kvi_match *m = &q->gm[i];
+            if (count < cap)
+                out[count] = (struct kvi_tier_match){m->instance, m->dp_rank, m->depth, m->depth, m->depth,
+                                                     m->tree_size};
+            count++;
+        }
+        return count;
+    }
+    /* lower tiers: walk every non-shared (instance, dp_rank) that has slots */
+    uint32_t n_ids = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire);
+    const struct kvi_slot *shared[64];
+    size_t n_shared = 0;
+    for (uint32_t id = 1; id < n_ids; id++) {
+        const struct kvi_slot *s = kvi__slot(ix, id);
+        if (s != NULL && atomic_load_explicit(&((struct kvi_slot *)s)->live, memory_order_acquire) && s->shared &&
+            s->tier != KVI_TIER_GPU && n_shared < KVI_ARRAY_LEN(shared))
+            shared[n_shared++] = s;
+    }
+    uint32_t ni = atomic_load_explicit(&((struct kvi_index *)ix)->n_instances, memory_order_acquire);
+    for (uint32_t ii = 0; ii < ni; ii++) {
+        const struct kvi_instance *in = inst_get(ix, ii);
+        if (in->shared)
+            continue;
+        struct kvi_slotlist *sl = atomic_load_explicit(&((struct kvi_instance *)in)->slots, memory_order_acquire);
+        if (sl == NULL)
+            continue;
+        for (uint32_t a = 0; a < sl->n; a++) {
+            const struct kvi_slot *sa = kvi__slot(ix, sl->id[a]);
+            /* visit each dp rank once: at its first slot in the list */
+            bool first = true;
+            for (uint32_t b2 = 0; b2 < a; b2++)
+                if (kvi__slot(ix, sl->id[b2])->dp_rank == sa->dp_rank)
+                    first = false;
+            if (!first)
+                continue;
+            const struct kvi_slot *own[KVI_TIER_COUNT];
+            size_t n_own = 0;
+            uint32_t g = 0, tree = 0;
+            for (uint32_t b2 = 0; b2 < sl->n; b2++) {
+                const struct kvi_slot *sb = kvi__slot(ix, sl->id[b2]);
+                if (sb->dp_rank != sa->dp_rank)
+                    continue;
+                if (sb->tier == KVI_TIER_GPU) {
+                    tree = atomic_load_explicit(&((struct kvi_slot *)sb)->n_blocks, memory_order_relaxed);
+                    for (size_t gi = 0; gi < ng; gi++)
+                        if (q->gm[gi].slot == sb->id)
+                            g = q->gm[gi].depth;
+                } else if (n_own < KVI_TIER_COUNT) {
+                    own[n_own++] = sb;
+                }
+            }
+            uint32_t t = g;
+            while (t < n && tier_usable(ix, own, n_own, shared, n_shared, false, keys, kind, t))
+                t++;
+            uint32_t c = t;
+            while (t < n && tier_usable(ix, own, n_own, shared, n_shared, true, keys, kind, t))
+                t++;
+            uint32_t d = t;
+            if (d == 0)
+                continue;
+            if (count < cap)
+                out[count] = (struct kvi_tier_match){ii, sa->dp_rank, g, c, d, tree};
+            count++;
+        }
+    }
+    return count;
+}
+
+int kvi_index_slot_info(const struct kvi_index *ix, uint32_t slot, struct kvi_slot_info *info)
+{
+    if (slot == KVI_NONE || slot >= atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire))
+        return -ENOENT;
+    const struct kvi_slot *s = kvi__slot(ix, slot);
+    if (s == NULL || !atomic_load_explicit(&((struct kvi_slot *)s)->live, memory_order_acquire))
+        return -ENOENT;
+    info->instance = s->instance;
+    info->dp_rank = s->dp_rank;
+    info->tier = (enum kvi_tier)s->tier;
+    info->shared = s->shared;
+    return 0;
+}
+
+uint32_t kvi_index_tree_size(const struct kvi_index *ix, uint32_t instance, uint32_t dp_rank)
+{
+    if (instance >= atomic_load_explicit(&((struct kvi_index *)ix)->n_instances, memory_order_acquire))
+        return 0;
+    kvi_rcu_read_lock();
+    uint32_t sid = slot_find(ix, instance, dp_rank, KVI_TIER_GPU);
+    uint32_t n = sid ? atomic_load_explicit(&kvi__slot(ix, sid)->n_blocks, memory_order_relaxed) : 0;
+    kvi_rcu_read_unlock();
+    return n;
+}
+
+void kvi_index_stats(const struct kvi_index *ix, struct kvi_index_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    for (uint32_t i = 0; i < ix->n_parts; i++) {
+        const struct kvi_part *p = &ix->parts[i];
+#define SUM(f) st->f += atomic_load_explicit(&((struct kvi_part *)p)->f, memory_order_relaxed)
+        SUM(entries);
+        SUM(holdings);
+        SUM(bytes);
+        SUM(stored_blocks);
+        SUM(removed_blocks);
+        SUM(parent_not_found);
+        SUM(unknown_removes);
+        SUM(invalid_events);
+#undef SUM
+    }
+    uint32_t n_ids = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire);
+    for (uint32_t id = 1; id < n_ids; id++) {
+        const struct kvi_slot *s = kvi__slot(ix, id);
+        if (s != NULL && atomic_load_explicit(&((struct kvi_slot *)s)->live, memory_order_acquire))
+            st->slots++;
+    }
+}

@@ -1,0 +1,308 @@
+/*
+ * kvidx positional index: one instance per (model, tenant) namespace.
+ *
+ * WHAT IT STORES
+ *   Blocks are identified by their *prefix*: an entry exists per distinct
+ *   (position, chain of content hashes from position 0). Each entry records
+ *   which worker slots hold it. A slot is one (instance, dp_rank, tier).
+ *   Engine hashes are opaque per-slot names: every slot keeps its own map
+ *   engine hash -> entry, used to resolve parents and removals. Two workers
+ *   holding the same tokens under different engine hashes share one entry.
+ *
+ *   Entries are found by two keys, both computed by kvidx:
+ *     - the prefix key K (internal, keyed and secret per index):
+ *           K[-1] = seed, K[t] = K[t-1] + fmix64((c[t] ^ s1) + (t+1) * phi)
+ *       (0.6 ns per block to compute on the query path; bijective in c[t]
+ *       for a given parent, so two children of one parent never collide);
+ *     - the standard RFC 1527 rolling sequence hash S (engine/hash.h), used by
+ *       kvi_index_find_matches_by_seq and by publishers that follow the
+ *       standard.
+ *
+ * SEMANTICS (../shared/reference/index-semantics.md)
+ *   - A slot's score is the length of the contiguous prefix it holds along the
+ *     query's exact chain. Chunk-hash collisions cannot produce false matches:
+ *     identity is the whole prefix.
+ *   - Removing a block removes the slot's descendants of that block too
+ *     (they are orphaned: an engine cannot serve a hit past a hole), so a
+ *     slot's gpu holdings are always ancestor-closed. Re-storing the removed
+ *     block does not resurrect its descendants.
+ *   - A store whose parent engine hash the slot does not know is rejected
+ *     (-ENOENT). Lower-tier (cpu/disk/external) stores may name a parent held
+ *     on another tier of the same (instance, dp_rank).
+ *   - Duplicate stores are idempotent; unknown removes are no-ops.
+ *   - clear(instance) drops every block of the instance on every dp rank and
+ *     tier; the slots stay known with size 0.
+ *
+ * QUERIES
+ *   Because gpu holdings are ancestor-closed, the set of gpu slots holding the
+ *   query's entry at position t shrinks monotonically with t, and its size
+ *   alone tells whether any slot dropped out between two positions. Queries
+ *   jump ahead `jump` positions and compare member counts; a failed jump is
+ *   bisected to find exact drain points (jump search plus the binary-search
+ *   refinement). A full-depth hit costs one probe per partition.
+ *
+ * CONCURRENCY
+ *   The index is split into `n_parts` partitions, one per writer thread.
+ *   Every instance belongs to one partition (kvi_index_partition_of), and all
+ *   mutations of a partition must come from a single thread at a time: the
+ *   "writer of that partition" (single writer only). Queries (find_*, stats
+ *   readers marked so) may run on any number of threads concurrently with the
+ *   writers: the caller must be a registered RCU reader and call inside an
+ *   RCU read-side section (engine/rcu.h). Queries take no locks, never wait
+ *   for writers and allocate nothing per block (per-thread scratch grows only
+ *   when a larger query than ever before arrives). Results are weakly
+ *   consistent with concurrent writes: each probe sees a state that existed.
+ *   Freed memory is recycled only after an RCU grace period
+ *   (kvi_index_reclaim, called by the partition's writer).
+ *
+ *   | operation                      | who may call                         |
+ *   |--------------------------------|--------------------------------------|
+ *   | create / destroy               | control plane; destroy with no other |
+ *   |                                | users left                           |
+ *   | store/remove/clear/remove_*    | the partition's writer               |
+ *   | dump_partition, reclaim        | the partition's writer               |
+ *   | find_*, slot_info, tree_size   | any registered RCU reader, in a read |
+ *   |                                | section                              |
+ *   | intern_instance, instance_info | any thread (internally locked; not   |
+ *   |                                | on the query path)                   |
+ *   | stats                          | any thread (approximate)             |
+ */
+#ifndef KVI_ENGINE_INDEX_H
+#define KVI_ENGINE_INDEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/** Storage tiers. External folds into disk for cumulative tier walks. */
+enum kvi_tier {
+    KVI_TIER_GPU = 0,
+    KVI_TIER_CPU = 1,
+    KVI_TIER_DISK = 2,
+    KVI_TIER_EXTERNAL = 3,
+};
+#define KVI_TIER_COUNT 4
+
+/** Printable name of a tier ("gpu", "cpu", "disk", "external"). */
+const char *kvi_tier_name(enum kvi_tier t);
+
+struct kvi_index;
+
+struct kvi_index_config {
+    uint32_t block_size; /* tokens per block, fixed for the namespace */
+    uint32_t n_parts;    /* partitions = writer threads (>= 1) */
+    uint32_t jump;       /* query jump size; 0 = default (KVI_DEFAULT_JUMP) */
+    uint64_t key_seed;   /* prefix-key secret; 0 = random per index */
+};
+
+/** Default jump size (see README "Jump size" for the measurement). */
+#define KVI_DEFAULT_JUMP 64
+
+/** A block of a stored event. */
+struct kvi_block {
+    uint64_t engine_hash;  /* the engine's opaque name of the block */
+    uint64_t content_hash; /* kvidx content hash of the block's tokens */
+};
+
+/** One slot's result of a gpu match. */
+struct kvi_match {
+    uint32_t slot;      /* slot id (kvi_index_slot_info) */
+    uint32_t instance;  /* dense instance id */
+    uint32_t dp_rank;
+    uint32_t depth;     /* matched blocks, >= 1 */
+    uint32_t tree_size; /* blocks the slot currently holds */
+};
+
+/** Cumulative tier result of one (instance, dp_rank). */
+struct kvi_tier_match {
+    uint32_t instance;
+    uint32_t dp_rank;
+    uint32_t gpu;       /* g: gpu prefix */
+    uint32_t cpu;       /* c >= g: extended while the next block is on a usable cpu tier */
+    uint32_t disk;      /* d >= c: extended while on a usable disk/external tier */
+    uint32_t tree_size; /* gpu blocks held by (instance, dp_rank) */
+};
+
+/** Read-only facts about a slot. */
+struct kvi_slot_info {
+    uint32_t instance;
+    uint32_t dp_rank;
+    enum kvi_tier tier;
+    bool shared; /* a shared storage pool usable by every instance */
+};
+
+/** One block of a dump, as handed to the emit callback. */
+struct kvi_dump_block {
+    uint32_t instance;
+    uint32_t dp_rank;
+    enum kvi_tier tier;
+    uint32_t position;
+    uint64_t engine_hash;
+    uint64_t content_hash;
+    uint64_t seq_hash; /* standard rolling hash of the prefix */
+    bool has_parent;
+    uint64_t parent_engine_hash; /* the same (instance, dp_rank)'s name of the parent */
+};
+typedef void (*kvi_dump_fn)(void *ctx, const struct kvi_dump_block *b);
+
+/** Counters and sizes (approximate while writers run). */
+struct kvi_index_stats {
+    uint64_t entries;        /* distinct prefixes (summed over partitions) */
+    uint64_t holdings;       /* (block, slot) pairs */
+    uint64_t slots;          /* live slots */
+    uint64_t bytes;          /* bytes allocated by the index */
+    uint64_t stored_blocks;  /* blocks newly stored */
+    uint64_t removed_blocks; /* blocks removed, cascades included */
+    uint64_t parent_not_found;
+    uint64_t unknown_removes;
+    uint64_t invalid_events;
+};
+
+/**
+ * Create an index.
+ * @return the index, or NULL with errno = EINVAL (block_size 0, n_parts 0 or
+ *         > 1024) or ENOMEM.
+ */
+struct kvi_index *kvi_index_create(const struct kvi_index_config *cfg);
+
+/** Destroy an index and everything it holds. No reader or writer may use it. */
+void kvi_index_destroy(struct kvi_index *ix);
+
+/** The namespace's block size. */
+uint32_t kvi_index_block_size(const struct kvi_index *ix);
+/** Number of partitions. */
+uint32_t kvi_index_n_parts(const struct kvi_index *ix);
+/** Set the jump size used by queries (0 = jump to the end). Control plane. */
+void kvi_index_set_jump(struct kvi_index *ix, uint32_t jump);
+
+/**
+ * Intern an instance id and get its dense id (stable until the index dies).
+ * Dynamo instances are u64s, Mooncake ones strings; the two spaces are
+ * distinct. @p name may be NULL for numeric ids. Internally locked.
+ * @param shared  marks a shared storage pool (Mooncake backend): its cpu/disk
+ *                blocks are usable by every instance. Fixed at first intern.
+ * @return dense id >= 0, or -ENOMEM.
+ */
+int64_t kvi_index_intern_instance(struct kvi_index *ix, uint64_t id, const char *name, bool shared);
+
+/** Look up an interned instance without creating it. @return id or -ENOENT. */
+int64_t kvi_index_find_instance(struct kvi_index *ix, uint64_t id, const char *name);
+
+/**
+ * The public id of a dense instance id: numeric id, and the string name or
+ * NULL. @return 0 or -ENOENT. The name stays valid for the index's life.
+ */
+int kvi_index_instance_info(struct kvi_index *ix, uint32_t instance, uint64_t *id, const char **name,
+                            bool *shared);
+
+/** Partition (= writer) that owns a dense instance id. */
+uint32_t kvi_index_partition_of(const struct kvi_index *ix, uint32_t instance);
+
+/* ---- mutations: single writer per partition ------------------------------ */
+
+/**
+ * Store a run of blocks for (instance, dp_rank, tier) (writer of the
+ * instance's partition only).
+ * @param has_parent  whether @p parent_engine_hash names the run's parent;
+ *                    otherwise the run starts at position 0.
+ * @return 0 (also for an idempotent re-store), -ENOENT when the parent is
+ *         unknown for this slot, -EINVAL when the run repeats an engine hash
+ *         (or contains its parent) — the index is then unchanged.
+ */
+int kvi_index_store(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                    bool has_parent, uint64_t parent_engine_hash, const struct kvi_block *blocks,
+                    size_t n);
+
+/**
+ * Store a run whose prefix identity is given by standard sequence hashes
+ * (RFC 1527 publishers): block i sits at @p position + i with seq hash
+ * @p seq[i]. Content hashes must be known (tokens sent) for the blocks to be
+ * reachable by content-hash queries; see kvi_index_find_matches_by_seq.
+ * With has_parent the parent must be known to the slot and the run is
+ * attached to it (@p position is then ignored). Single writer only.
+ * @return 0, -ENOENT (unknown parent), -EINVAL (position > 0 with no parent on
+ *         the gpu tier, or repeated engine hashes).
+ */
+int kvi_index_store_seq(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank,
+                        enum kvi_tier tier, bool has_parent, uint64_t parent_engine_hash,
+                        uint32_t position, const struct kvi_block *blocks, const uint64_t *seq,
+                        size_t n);
+
+/**
+ * Remove blocks by engine hash from (instance, dp_rank, tier), with their
+ * descendants held by that slot. Unknown hashes are skipped.
+ * Single writer only. @return the number of engine hashes that were known.
+ */
+size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank,
+                        enum kvi_tier tier, const uint64_t *engine_hashes, size_t n);
+
+/** Drop every block of @p instance on every dp rank and tier; slots stay. */
+void kvi_index_clear(struct kvi_index *ix, uint32_t instance);
+
+/** Drop one dp rank of @p instance (all tiers) and forget its slots. */
+void kvi_index_remove_dp_rank(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank);
+
+/** Drop every slot of @p instance and forget them. */
+void kvi_index_remove_instance(struct kvi_index *ix, uint32_t instance);
+
+/**
+ * Free memory retired by partition @p part after waiting for an RCU grace
+ * period. Called by the partition's writer (never inside a read section);
+ * cheap when nothing is pending. Mutations call it themselves once enough
+ * memory is pending.
+ */
+void kvi_index_reclaim(struct kvi_index *ix, uint32_t part);
+
+/**
+ * Emit every block held in partition @p part, parents before children within
+ * each (instance, dp_rank) and gpu before lower tiers, so that replaying the
+ * blocks as single-block stores rebuilds an identical index.
+ * Writer of the partition only (a consistent snapshot of the partition).
+ */
+void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn emit, void *ctx);
+
+/* ---- queries: RCU readers ------------------------------------------------ */
+
+/**
+ * Gpu prefix matches for a query of content hashes.
+ * Call inside an RCU read-side section (registered reader thread).
+ * @param out  receives at most @p cap matches, in no particular order
+ * @return number of slots with depth >= 1 (may exceed @p cap).
+ */
+size_t kvi_index_find_matches(const struct kvi_index *ix, const uint64_t *content, size_t n,
+                              struct kvi_match *out, size_t cap);
+
+/**
+ * Same for a query given as standard rolling sequence hashes.
+ * Call inside an RCU read-side section.
+ */
+size_t kvi_index_find_matches_by_seq(const struct kvi_index *ix, const uint64_t *seq, size_t n,
+                                     struct kvi_match *out, size_t cap);
+
+/**
+ * Cumulative tier matches (gpu <= cpu <= disk) for every (instance, dp_rank)
+ * with a hit on any tier, shared pools included. Call inside an RCU read-side
+ * section. @p seq may be NULL (then computed) — pass content OR seq:
+ * @param content  content hashes, or NULL to query by @p seq
+ * @return number of (instance, dp_rank) results (may exceed @p cap).
+ */
+size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content,
+                             const uint64_t *seq, size_t n, struct kvi_tier_match *out, size_t cap);
+
+/** Facts about a slot. Call inside an RCU read-side section. @return 0/-ENOENT */
+int kvi_index_slot_info(const struct kvi_index *ix, uint32_t slot, struct kvi_slot_info *info);
+
+/** Gpu blocks held by (instance, dp_rank); 0 if unknown. Any thread. */
+uint32_t kvi_index_tree_size(const struct kvi_index *ix, uint32_t instance, uint32_t dp_rank);
+
+/** Counters and sizes, summed over partitions. Any thread (approximate). */
+void kvi_index_stats(const struct kvi_index *ix, struct kvi_index_stats *st);
+
+/**
+ * Prefix keys of a content-hash query (exposed for tests and benchmarks).
+ * @param keys  receives n keys
+ */
+void kvi_index_prefix_keys(const struct kvi_index *ix, const uint64_t *content, size_t n,
+                           uint64_t *keys);
+
+#endif

@@ -1,0 +1,184 @@
+/*
+ * Internal layout of the positional index (engine/index.c). Exposed to the
+ * engine's tests and benchmarks only.
+ */
+#ifndef KVI_ENGINE_INDEX_INTERNAL_H
+#define KVI_ENGINE_INDEX_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "engine/common.h"
+#include "engine/index.h"
+
+#define KVI_NONE 0u              /* invalid entry / slot index */
+#define KVI_TOMB 0xffffffffu     /* tombstone value in a table slot */
+
+#define KVI_ENTRY_CHUNK_SHIFT 12 /* 4096 entries (256 KiB) per chunk */
+#define KVI_ENTRY_CHUNK (1u << KVI_ENTRY_CHUNK_SHIFT)
+#define KVI_ENTRY_CHUNKS_MAX (1u << 16)
+
+#define KVI_SLOT_CHUNK_SHIFT 10
+#define KVI_SLOT_CHUNK (1u << KVI_SLOT_CHUNK_SHIFT)
+#define KVI_SLOT_CHUNKS_MAX 4096u /* 4 M slots */
+
+#define KVI_INST_CHUNK_SHIFT 10
+#define KVI_INST_CHUNK (1u << KVI_INST_CHUNK_SHIFT)
+#define KVI_INST_CHUNKS_MAX 4096u
+
+/* A member of an entry: a slot holding it, under the slot's engine hash. */
+struct kvi_member {
+    uint32_t slot;
+    uint8_t tier;
+    uint8_t _pad[3];
+    uint64_t eh;
+};
+
+/* Members of an entry that has ever had more than one. Readers see
+ * m[0 .. n) (n loaded with acquire); the writer appends in place (store the
+ * member, then release n) and replaces the array copy-on-write to remove. */
+struct kvi_mset {
+    _Atomic uint32_t n;
+    uint32_t cap;
+    struct kvi_member m[];
+};
+
+/*
+ * One distinct prefix. 64 bytes: one cache line. Fields marked R are read by
+ * queries; the others are private to the partition's writer.
+ */
+struct kvi_entry {
+    uint64_t key;                    /* R: prefix key K, immutable while published */
+    uint32_t pos;                    /* R: depth, immutable */
+    _Atomic uint32_t gpu_n;          /* R: gpu members (release by writer) */
+    _Atomic uint32_t one;            /* R: the member slot when many == NULL; 0 = none */
+    uint32_t parent;                 /* parent entry, KVI_NONE at the root */
+    _Atomic(struct kvi_mset *) many; /* R: member array once >1 member was seen */
+    uint64_t seq;                    /* R (by_seq): standard seq hash, immutable */
+    uint64_t content;                /* content hash, immutable */
+    uint64_t one_eh;                 /* engine hash of the single member */
+    uint32_t first_child;
+    uint32_t next_sibling;
+};
+_Static_assert(sizeof(struct kvi_entry) == KVI_CACHE_LINE, "entry is one cache line");
+
+/* Open-addressing table: u64 key -> u32 entry index, slots (tag << 32 | idx).
+ * The key itself lives in the entry (or member), so a slot is 8 bytes. */
+struct kvi_tab {
+    uint32_t mask;
+    uint32_t used; /* live + tombstones */
+    uint32_t live;
+    uint32_t _pad;
+    _Atomic uint64_t s[];
+};
+
+struct kvi_table {
+    _Atomic(struct kvi_tab *) t; /* R: published with release */
+};
+
+/* A worker slot: (instance, dp_rank, tier). */
+struct kvi_slot {
+    uint32_t id;
+    uint32_t instance;
+    uint32_t dp_rank;
+    uint8_t tier;
+    bool shared;
+    _Atomic bool live;
+    _Atomic uint32_t n_blocks; /* R: tree size */
+    struct kvi_table map;      /* writer: engine hash -> entry (never read by queries) */
+};
+
+struct kvi_instance {
+    uint64_t id;
+    char *name;
+    bool shared;
+    uint32_t part;
+    _Atomic(struct kvi_slotlist *) slots; /* R: slots of this instance, copy-on-write */
+};
+
+struct kvi_slotlist {
+    uint32_t n;
+    uint32_t id[];
+};
+
+struct kvi_retired {
+    void *p;
+    size_t bytes;
+};
+
+/* Per-partition state, written by one writer thread. Separate cache lines
+ * keep the writers' counters from sharing lines. */
+struct kvi_part {
+    struct kvi_table ktab; /* prefix key K -> entry */
+    struct kvi_table stab; /* standard seq hash S -> entry */
+    struct kvi_entry *_Atomic chunks[KVI_ENTRY_CHUNKS_MAX];
+    uint32_t n_chunks;
+    uint32_t next_fresh; /* next never-used entry index */
+    uint32_t *free_idx;  /* recycled entry indices, usable now */
+    uint32_t n_free, cap_free;
+    uint32_t *pending_idx; /* freed entries waiting for a grace period */
+    uint32_t n_pending, cap_pending;
+    struct kvi_retired *retired; /* memory waiting for a grace period */
+    uint32_t n_retired, cap_retired;
+    size_t retired_bytes;
+    uint32_t *stack; /* scratch for cascades */
+    uint32_t cap_stack;
+    uint64_t *sortbuf;
+    size_t cap_sortbuf;
+    uint32_t *pending_slots; /* slot ids freed, waiting for a grace period */
+    uint32_t n_pending_slots, cap_pending_slots;
+
+    KVI_CACHE_ALIGNED _Atomic uint64_t entries;
+    _Atomic uint64_t holdings;
+    _Atomic uint64_t bytes;
+    _Atomic uint64_t stored_blocks;
+    _Atomic uint64_t removed_blocks;
+    _Atomic uint64_t parent_not_found;
+    _Atomic uint64_t unknown_removes;
+    _Atomic uint64_t invalid_events;
+} KVI_CACHE_ALIGNED;
+
+struct kvi_index {
+    uint32_t block_size;
+    uint32_t n_parts;
+    _Atomic uint32_t jump;
+    uint64_t kseed;  /* K[-1] */
+    uint64_t kxor;   /* content mixing secret */
+    uint64_t tseed;  /* table position seed */
+
+    /* slots: chunked, never move; readers index them by id */
+    struct kvi_slot *_Atomic slot_chunks[KVI_SLOT_CHUNKS_MAX];
+    _Atomic uint32_t n_slot_ids; /* ids ever handed out + 1 */
+    _Atomic bool has_lower_tiers;
+    _Atomic bool has_shared;
+
+    /* instances: chunked; interning under inst_lock */
+    pthread_mutex_t inst_lock;
+    struct kvi_instance *_Atomic inst_chunks[KVI_INST_CHUNKS_MAX];
+    _Atomic uint32_t n_instances;
+    uint64_t *inst_map; /* open addressing: (hash of key) -> dense id + 1 */
+    uint32_t inst_map_mask;
+
+    /* slot id allocation (any writer may create slots): under slot_lock */
+    pthread_mutex_t slot_lock;
+    uint32_t *free_slot_ids;
+    uint32_t n_free_slot_ids, cap_free_slot_ids;
+
+    struct kvi_part *parts;
+};
+
+static inline struct kvi_entry *kvi__entry(const struct kvi_part *p, uint32_t idx)
+{
+    struct kvi_entry *c = atomic_load_explicit(&((struct kvi_part *)p)->chunks[idx >> KVI_ENTRY_CHUNK_SHIFT],
+                                               memory_order_acquire);
+    return &c[idx & (KVI_ENTRY_CHUNK - 1)];
+}
+
+static inline struct kvi_slot *kvi__slot(const struct kvi_index *ix, uint32_t id)
+{
+    struct kvi_slot *c = atomic_load_explicit(&((struct kvi_index *)ix)->slot_chunks[id >> KVI_SLOT_CHUNK_SHIFT],
+                                              memory_order_acquire);
+    return c == NULL ? NULL : &c[id & (KVI_SLOT_CHUNK - 1)];
+}
+
+#endif
