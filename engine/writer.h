@@ -1,0 +1,182 @@
+/*
+ * Writer threads: per-core threads that own one partition of every index and
+ * apply KV events to it, fed by single-producer/single-consumer burst rings.
+ *
+ * Every producer thread (a ZMQ listener, an HTTP loop, a benchmark driver)
+ * creates its own kvi_producer, which owns one ring per writer, so no ring
+ * ever has two producers or two consumers. An op for instance i of index ix
+ * goes to writer kvi_index_partition_of(ix, i) (sticky routing): all events
+ * of one worker are applied in order by one writer. Indexes used with a pool
+ * must have n_parts == the pool's writer count.
+ *
+ * Backpressure: kvi_producer_submit never drops an op; when the target ring
+ * is full it wakes the writer and waits (spinning, then yielding) until there
+ * is room, counting the stall.
+ *
+ * Writers sleep on a futex when every ring is empty; producers wake a writer
+ * only when they see it asleep. Each writer binds itself to its own jemalloc
+ * arena, so all index memory of its partitions lives there, and reclaims
+ * retired memory (after an RCU grace period) whenever it goes idle.
+ *
+ *   | call                       | thread                                   |
+ *   |----------------------------|------------------------------------------|
+ *   | pool_create / pool_destroy | control plane (destroy after producers)  |
+ *   | producer_create / _destroy | the producer's own thread or control     |
+ *   | op_alloc, submit, flush    | the producer's owning thread only        |
+ *   | call, dump                 | any thread that owns a producer          |
+ *   | pool_stats                 | any thread (approximate)                 |
+ */
+#ifndef KVI_ENGINE_WRITER_H
+#define KVI_ENGINE_WRITER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/index.h"
+
+#define KVI_WRITER_MAX 64
+#define KVI_PRODUCER_MAX 1024
+
+enum kvi_op_type {
+    KVI_OP_STORE,            /* kvi_index_store (or store_seq when seq != NULL) */
+    KVI_OP_REMOVE,           /* kvi_index_remove of hashes[0..n) */
+    KVI_OP_CLEAR,            /* kvi_index_clear */
+    KVI_OP_REMOVE_DP_RANK,   /* kvi_index_remove_dp_rank */
+    KVI_OP_REMOVE_INSTANCE,  /* kvi_index_remove_instance */
+    KVI_OP_CALL,             /* run fn(arg) on the writer thread */
+};
+
+/** Outcome of an applied op, reported through the pool's counters. */
+enum kvi_op_outcome {
+    KVI_OUT_APPLIED,
+    KVI_OUT_PARENT_NOT_FOUND,
+    KVI_OUT_INVALID,
+    KVI_OUT_COUNT,
+};
+
+/**
+ * One event for a writer. Allocate with kvi_op_alloc; ownership passes to the
+ * writer on submit, and the writer frees it after applying it.
+ */
+struct kvi_op {
+    uint8_t type;        /* enum kvi_op_type */
+    uint8_t tier;        /* enum kvi_tier */
+    bool has_parent;
+    uint8_t _pad;
+    uint32_t n;          /* blocks (STORE) or hashes (REMOVE) */
+    struct kvi_index *ix;
+    uint32_t instance;
+    uint32_t dp_rank;
+    uint64_t parent_engine_hash;
+    uint32_t position;   /* STORE with seq and no parent */
+    uint32_t _pad2;
+    uint64_t enq_ns;     /* set by submit: for writer lag */
+    void (*fn)(void *arg, uint32_t writer); /* CALL */
+    void *arg;
+    uint64_t *seq;       /* STORE: standard seq hashes, or NULL */
+    union {
+        struct kvi_block blocks[0]; /* STORE */
+        uint64_t hashes[0];         /* REMOVE */
+    };
+};
+
+struct kvi_writer_pool;
+struct kvi_producer;
+
+/** Per-writer counters. */
+struct kvi_writer_stats {
+    uint64_t ops;                       /* ops applied */
+    uint64_t outcomes[KVI_OUT_COUNT];   /* by outcome */
+    uint64_t blocks_stored;             /* blocks in applied store ops */
+    uint64_t hashes_removed;            /* hashes in applied remove ops */
+    uint64_t queued;                    /* ops submitted but not applied yet */
+    uint64_t max_lag_ns;                /* largest submit -> apply delay seen */
+    uint64_t last_lag_ns;
+    uint64_t sleeps;                    /* times the writer went to sleep */
+    uint64_t stalls;                    /* submits that found the ring full */
+    uint64_t busy_ns;                   /* time spent applying ops */
+};
+
+/**
+ * Start @p n_writers writer threads (1..KVI_WRITER_MAX), each with its own
+ * arena. @param ring_capacity  ops per (producer, writer) ring (power of two
+ * rounding; 0 = 4096).
+ * @return the pool, or NULL with errno (EINVAL, ENOMEM, or a pthread error).
+ */
+struct kvi_writer_pool *kvi_writer_pool_create(uint32_t n_writers, uint32_t ring_capacity);
+
+/**
+ * Stop the writers after they drain every ring, and free the pool. Every
+ * producer must have been destroyed first.
+ */
+void kvi_writer_pool_destroy(struct kvi_writer_pool *pool);
+
+/** Number of writer threads. */
+uint32_t kvi_writer_pool_size(const struct kvi_writer_pool *pool);
+
+/**
+ * Create a producer (one ring per writer) for the calling thread.
+ * @return the producer or NULL with errno (ENOSPC past KVI_PRODUCER_MAX, ENOMEM).
+ */
+struct kvi_producer *kvi_producer_create(struct kvi_writer_pool *pool);
+
+/** Flush and destroy a producer. Owning thread only. */
+void kvi_producer_destroy(struct kvi_producer *p);
+
+/**
+ * Allocate an op with room for @p n blocks (STORE) or hashes (REMOVE), zeroed
+ * header. Aborts on out-of-memory (control of memory is the caller's job).
+ * @param with_seq  also allocate room for n seq hashes (op->seq)
+ */
+struct kvi_op *kvi_op_alloc(uint32_t n, bool with_seq);
+
+/** Free an op that was never submitted. */
+void kvi_op_free(struct kvi_op *op);
+
+/**
+ * Submit an op to the writer owning its instance (owning thread only).
+ * Never drops: waits for room when the ring is full. Takes ownership of op.
+ */
+void kvi_producer_submit(struct kvi_producer *p, struct kvi_op *op);
+
+/**
+ * Submit a burst of ops (owning thread only): same as calling submit for each
+ * in order, with one ring operation per writer run. Takes ownership.
+ */
+void kvi_producer_submit_burst(struct kvi_producer *p, struct kvi_op **ops, size_t n);
+
+/**
+ * Wait until every op this producer submitted has been applied (owning
+ * thread only).
+ */
+void kvi_producer_flush(struct kvi_producer *p);
+
+/**
+ * Run @p fn(arg, writer) on writer @p writer after everything this producer
+ * submitted before, and wait for it to finish (owning thread only).
+ */
+void kvi_producer_call(struct kvi_producer *p, uint32_t writer, void (*fn)(void *arg, uint32_t writer), void *arg);
+
+/**
+ * Dump index @p ix through the writers: each partition is emitted on its own
+ * writer thread (a consistent snapshot of that partition at a point in its
+ * event stream), one partition after the other; @p emit is never called
+ * concurrently with itself. Owning thread of @p p only.
+ */
+void kvi_producer_dump(struct kvi_producer *p, struct kvi_index *ix, kvi_dump_fn emit, void *ctx);
+
+/**
+ * Make every writer forget index @p ix (reclaiming its retired memory) after
+ * everything this producer submitted. Call before kvi_index_destroy, once no
+ * producer submits ops for @p ix any more. Owning thread of @p p only.
+ */
+void kvi_producer_forget_index(struct kvi_producer *p, struct kvi_index *ix);
+
+/** Counters of writer @p w (approximate while running). */
+void kvi_writer_stats(const struct kvi_writer_pool *pool, uint32_t w, struct kvi_writer_stats *st);
+
+/** Jemalloc arena of writer @p w (0 without jemalloc). */
+unsigned kvi_writer_arena(const struct kvi_writer_pool *pool, uint32_t w);
+
+#endif
