@@ -5,6 +5,7 @@
 #ifndef KVI_BENCH_H
 #define KVI_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Subcommands: each returns a process exit code. */

@@ -67,13 +67,13 @@
 /**
  * The ring. Fields are private (leading underscore); use the functions below.
  *
- * Layout: the producer line (_head, _tail_cache) and the consumer line
- * (_tail, _head_cache) are written by different threads, so each has its own
- * cache line, followed by a guard line so the adjacent-line prefetcher does
- * not pair them either (false sharing between producer and consumer). The
- * read-only line (_mask, _capacity) is never written after create, so both
- * sides keep it shared. Slots start on their own line so producer writes to
- * slot 0 do not invalidate the read-only line.
+ * Layout: the producer line (_head, _tail_cache, _zc_reserved) and the
+ * consumer line (_tail, _head_cache) are written by different threads, so
+ * each has its own cache line, followed by a guard line so the adjacent-line
+ * prefetcher does not pair them either (false sharing between producer and
+ * consumer). The read-only line (_mask, _capacity) is never written after
+ * create, so both sides keep it shared. Slots start on their own line so
+ * producer writes to slot 0 do not invalidate the read-only line.
  */
 struct kvi_ring {
     /* producer line: written only by the producer */
@@ -96,18 +96,20 @@ struct kvi_ring {
 
 static_assert(ATOMIC_INT_LOCK_FREE == 2, "kvi_ring needs lock-free 32-bit atomics");
 static_assert(sizeof(_Atomic uint32_t) == sizeof(uint32_t), "atomic index size");
-static_assert(offsetof(struct kvi_ring, _head) % KVI_CACHE_LINE == 0, "producer line aligned");
-static_assert(offsetof(struct kvi_ring, _tail) % KVI_CACHE_LINE == 0, "consumer line aligned");
-static_assert(offsetof(struct kvi_ring, _mask) % KVI_CACHE_LINE == 0, "read-only line aligned");
-static_assert(offsetof(struct kvi_ring, _slots) % KVI_CACHE_LINE == 0, "slots aligned");
-static_assert(offsetof(struct kvi_ring, _guard_prod) - offsetof(struct kvi_ring, _head) == KVI_CACHE_LINE,
+#define KVI_RING__OFF(f) offsetof(struct kvi_ring, f)
+static_assert(KVI_RING__OFF(_head) % KVI_CACHE_LINE == 0, "producer line aligned");
+static_assert(KVI_RING__OFF(_tail) % KVI_CACHE_LINE == 0, "consumer line aligned");
+static_assert(KVI_RING__OFF(_mask) % KVI_CACHE_LINE == 0, "read-only line aligned");
+static_assert(KVI_RING__OFF(_slots) % KVI_CACHE_LINE == 0, "slots aligned");
+static_assert(KVI_RING__OFF(_guard_prod) - KVI_RING__OFF(_head) == KVI_CACHE_LINE,
               "producer fields fit one line");
-static_assert(offsetof(struct kvi_ring, _guard_cons) - offsetof(struct kvi_ring, _tail) == KVI_CACHE_LINE,
+static_assert(KVI_RING__OFF(_guard_cons) - KVI_RING__OFF(_tail) == KVI_CACHE_LINE,
               "consumer fields fit one line");
-static_assert(offsetof(struct kvi_ring, _tail) - offsetof(struct kvi_ring, _head) >= 2 * KVI_CACHE_LINE,
+static_assert(KVI_RING__OFF(_tail) - KVI_RING__OFF(_head) >= 2 * KVI_CACHE_LINE,
               "guard line between producer and consumer");
-static_assert(offsetof(struct kvi_ring, _mask) - offsetof(struct kvi_ring, _tail) >= 2 * KVI_CACHE_LINE,
+static_assert(KVI_RING__OFF(_mask) - KVI_RING__OFF(_tail) >= 2 * KVI_CACHE_LINE,
               "guard line between consumer and read-only fields");
+#undef KVI_RING__OFF
 static_assert(sizeof(struct kvi_ring) % KVI_CACHE_LINE == 0, "header is whole cache lines");
 static_assert(alignof(struct kvi_ring) == KVI_CACHE_LINE, "ring is cache-line aligned");
 
@@ -196,7 +198,8 @@ static inline uint32_t kvi_ring_dequeue_bulk(struct kvi_ring *r, void **objs, ui
  * @param r   the ring
  * @param n   maximum number of slots wanted
  * @param zc  receives the slot pointers ({NULL, 0, NULL} when 0 is returned)
- * @return the number of slots reserved, 0 .. @p n; 0 when full.
+ * @return the number of slots reserved, 0 .. @p n; 0 when full (then there is
+ *         nothing to finish).
  */
 static inline uint32_t kvi_ring_enqueue_zc_burst_start(struct kvi_ring *r, uint32_t n,
                                                        struct kvi_ring_zc *zc);
