@@ -33,6 +33,7 @@
 #define PHI 0x9e3779b97f4a7c15ull
 #define RETIRE_BYTES_LIMIT (4u << 20) /* reclaim once 4 MiB or 64 k entries wait */
 #define RETIRE_ENTRIES_LIMIT 65536u
+#define PF_DIST 8 /* prefetch distance, blocks */
 
 static int kvi__cmp_u64(const void *a, const void *b)
 {
@@ -141,15 +142,23 @@ void kvi_index_reclaim(struct kvi_index *ix, uint32_t part)
 
 /* ---- tables ---------------------------------------------------------------- */
 
-static inline uint64_t tab_hash(const struct kvi_index *ix, uint64_t key)
+static inline uint32_t tab_tag(const struct kvi_index *ix, uint64_t key)
 {
-    return fmix64(key ^ ix->tseed);
+    return (uint32_t)(fmix64(key ^ ix->tseed) >> 32);
+}
+
+/* A key's home slot is the top bits of its 32-bit tag: a rehash places every
+ * slot from its tag alone, without touching the entry the slot points to. */
+static inline uint32_t tab_home(const struct kvi_tab *t, uint32_t tag)
+{
+    return (uint32_t)(((uint64_t)tag << 32) >> t->shift) & t->mask;
 }
 
 static struct kvi_tab *tab_new(uint32_t cap)
 {
     struct kvi_tab *t = kvi_xcalloc(1, sizeof *t + (size_t)cap * sizeof(uint64_t));
     t->mask = cap - 1;
+    t->shift = 64 - (uint32_t)__builtin_ctz(cap);
     return t;
 }
 
@@ -158,7 +167,7 @@ static size_t tab_bytes(const struct kvi_tab *t)
     return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint64_t);
 }
 
-/* Which key a table maps, to verify candidates and to rehash. */
+/* Which key a table maps, to verify candidates. */
 enum tab_kind { TAB_KEY, TAB_SEQ, TAB_MAP };
 
 struct tab_ctx {
@@ -188,9 +197,8 @@ static inline uint32_t tab_find(const struct tab_ctx *c, const struct kvi_table 
     const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_acquire); /* R3 */
     if (t == NULL)
         return KVI_NONE;
-    uint64_t h = tab_hash(c->ix, key);
-    uint32_t tag = (uint32_t)(h >> 32);
-    for (uint32_t i = (uint32_t)h & t->mask;; i = (i + 1) & t->mask) {
+    uint32_t tag = tab_tag(c->ix, key);
+    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_acquire); /* R1 */
         if (s == 0)
             return KVI_NONE;
@@ -207,65 +215,93 @@ static void tab_prefetch(const struct kvi_index *ix, const struct kvi_table *tb,
 {
     const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_acquire);
     if (t != NULL)
-        __builtin_prefetch(&t->s[(uint32_t)tab_hash(ix, key) & t->mask]);
+        __builtin_prefetch(&t->s[tab_home(t, tab_tag(ix, key))]);
 }
 
-static void tab_insert_raw(struct kvi_tab *t, uint64_t h, uint32_t idx)
+static void tab_insert_raw(struct kvi_tab *t, uint32_t tag, uint32_t idx)
 {
-    uint32_t i = (uint32_t)h & t->mask;
-    for (;; i = (i + 1) & t->mask) {
+    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
         if (s == 0 || (uint32_t)s == KVI_TOMB) {
             if (s == 0)
                 t->used++;
             t->live++;
-            atomic_store_explicit(&t->s[i], (h & 0xffffffff00000000ull) | idx, memory_order_release); /* W1 */
+            atomic_store_explicit(&t->s[i], ((uint64_t)tag << 32) | idx, memory_order_release); /* W1 */
             return;
         }
     }
 }
 
-/* Rebuild into a table sized for the live count; publish; retire the old. */
-static void tab_rehash(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t want_live)
+/* Rebuild with capacity `cap`, publish, retire the old array (query tables)
+ * or free it at once (slot maps, never read by queries). */
+static void tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers)
 {
     struct kvi_tab *old = atomic_load_explicit(&tb->t, memory_order_relaxed);
-    uint32_t cap = 16;
-    while ((uint64_t)want_live * 2 > cap)
-        cap *= 2;
     struct kvi_tab *nt = tab_new(cap);
     part_account(p, (int64_t)tab_bytes(nt));
     if (old != NULL) {
         for (uint32_t i = 0; i <= old->mask; i++) {
             uint64_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
-            uint32_t idx = (uint32_t)s;
-            if (s == 0 || idx == KVI_TOMB)
-                continue;
-            bool ok;
-            uint64_t key = tab_key_of(c, idx, &ok);
-            tab_insert_raw(nt, tab_hash(c->ix, key), idx);
+            if (s != 0 && (uint32_t)s != KVI_TOMB)
+                tab_insert_raw(nt, (uint32_t)(s >> 32), (uint32_t)s);
         }
     }
     atomic_store_explicit(&tb->t, nt, memory_order_release); /* W3 */
     if (old != NULL) {
-        if (c->kind == TAB_MAP) {
-            /* slot maps are never read by queries: free at once */
+        if (readers) {
+            retire(p, old, tab_bytes(old));
+        } else {
             part_account(p, -(int64_t)tab_bytes(old));
             free(old);
-        } else {
-            retire(p, old, tab_bytes(old));
         }
     }
 }
 
+#define TAB_MAX_LOAD_NUM 3 /* grow past 3/4 used (live + tombstones) */
+#define TAB_MAX_LOAD_DEN 4
+
 static void tab_insert(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t key, uint32_t idx)
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
-    if (t == NULL || (uint64_t)(t->used + 1) * 4 > (uint64_t)(t->mask + 1) * 3) {
-        uint32_t live = t ? t->live : 0;
-        tab_rehash(p, c, tb, live + 1 + live / 2);
+    if (t == NULL) {
+        tab_rehash(p, tb, 16, c->kind != TAB_MAP);
+        t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    } else if ((uint64_t)(t->used + 1) * TAB_MAX_LOAD_DEN > (uint64_t)(t->mask + 1) * TAB_MAX_LOAD_NUM) {
+        uint32_t cap = t->mask + 1;
+        if ((uint64_t)(t->live + 1) * 2 > cap)
+            cap *= 2; /* else: same size, purge tombstones */
+        tab_rehash(p, tb, cap, c->kind != TAB_MAP);
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     }
-    tab_insert_raw(t, tab_hash(c->ix, key), idx);
+    tab_insert_raw(t, tab_tag(c->ix, key), idx);
+}
+
+/* Writer-only tables (slot maps): delete by shifting the rest of the probe run
+ * back, so they never hold tombstones and never need a purge. Not safe for
+ * tables that queries read (a reader could miss a key while it moves). */
+static void tab_delete_shift(struct kvi_part *p, struct kvi_table *tb, uint32_t at)
+{
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    uint32_t i = at, j = at;
+    for (;;) {
+        j = (j + 1) & t->mask;
+        uint64_t v = atomic_load_explicit(&t->s[j], memory_order_relaxed);
+        if (v == 0)
+            break;
+        uint32_t h = tab_home(t, (uint32_t)(v >> 32));
+        /* v may move back to i only if its home is not in (i, j] cyclically */
+        bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+        if (!stays) {
+            atomic_store_explicit(&t->s[i], v, memory_order_relaxed);
+            i = j;
+        }
+    }
+    atomic_store_explicit(&t->s[i], 0, memory_order_relaxed);
+    t->used--;
+    t->live--;
+    uint32_t cap = t->mask + 1;
+    if (cap > 64 && (uint64_t)t->live * 8 < cap)
+        tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, false);
 }
 
 /* Tombstone the slot holding (key, idx). Shrinks when mostly empty. */
@@ -274,19 +310,24 @@ static void tab_delete(struct kvi_part *p, const struct tab_ctx *c, struct kvi_t
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL)
         return;
-    uint64_t h = tab_hash(c->ix, key);
-    for (uint32_t i = (uint32_t)h & t->mask;; i = (i + 1) & t->mask) {
+    uint32_t tag = tab_tag(c->ix, key);
+    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
         if (s == 0)
             return;
         if ((uint32_t)s == idx) {
+            if (c->kind == TAB_MAP) {
+                tab_delete_shift(p, tb, i);
+                return;
+            }
             atomic_store_explicit(&t->s[i], (s & 0xffffffff00000000ull) | KVI_TOMB, memory_order_release);
             t->live--;
             break;
         }
     }
-    if (t->mask + 1 > 64 && (uint64_t)t->live * 8 < (uint64_t)t->mask + 1)
-        tab_rehash(p, c, tb, t->live);
+    uint32_t cap = t->mask + 1;
+    if (cap > 64 && (uint64_t)t->live * 8 < cap)
+        tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, c->kind != TAB_MAP);
 }
 
 static void tab_free_now(struct kvi_part *p, struct kvi_table *tb)
@@ -752,6 +793,7 @@ void kvi_index_destroy(struct kvi_index *ix)
         free(p->stack);
         free(p->sortbuf);
         free(p->pending_slots);
+        free(p->runbuf);
     }
     uint32_t ns = atomic_load(&ix->n_slot_ids);
     for (uint32_t c = 0; c <= (ns >> KVI_SLOT_CHUNK_SHIFT); c++) {
@@ -843,13 +885,15 @@ static void holding_remove_cascade(struct kvi_index *ix, struct kvi_part *p, str
     }
 }
 
+/* Does the run repeat an engine hash, or contain its parent? O(n) with a
+ * scratch open-addressing set in p->sortbuf. */
 static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t parent_eh, const struct kvi_block *b,
                                size_t n)
 {
     size_t m = n + (has_parent ? 1 : 0);
     if (m < 2)
         return false;
-    if (m <= 16) {
+    if (m <= 8) {
         for (size_t i = 0; i < n; i++) {
             if (has_parent && b[i].engine_hash == parent_eh)
                 return true;
@@ -859,18 +903,28 @@ static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t par
         }
         return false;
     }
-    if (m > p->cap_sortbuf) {
-        p->cap_sortbuf = m * 2;
+    size_t cap = 16;
+    while (cap < m * 2)
+        cap *= 2;
+    if (cap * 2 > p->cap_sortbuf) {
+        p->cap_sortbuf = cap * 2;
         p->sortbuf = kvi_xrealloc(p->sortbuf, p->cap_sortbuf * sizeof(uint64_t));
     }
-    for (size_t i = 0; i < n; i++)
-        p->sortbuf[i] = b[i].engine_hash;
-    if (has_parent)
-        p->sortbuf[n] = parent_eh;
-    qsort(p->sortbuf, m, sizeof(uint64_t), kvi__cmp_u64);
-    for (size_t i = 1; i < m; i++)
-        if (p->sortbuf[i] == p->sortbuf[i - 1])
-            return true;
+    /* slots [0, cap): values; [cap, 2 cap): occupancy marks */
+    uint64_t *val = p->sortbuf, *used = p->sortbuf + cap;
+    memset(used, 0, cap * sizeof(uint64_t));
+    for (size_t i = 0; i < m; i++) {
+        uint64_t v = i < n ? b[i].engine_hash : parent_eh;
+        for (size_t j = fmix64(v) & (cap - 1);; j = (j + 1) & (cap - 1)) {
+            if (!used[j]) {
+                used[j] = 1;
+                val[j] = v;
+                break;
+            }
+            if (val[j] == v)
+                return true;
+        }
+    }
     return false;
 }
 
@@ -929,20 +983,38 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     }
     bool parent_in_slot = prev != KVI_NONE && has_member(kvi__entry(p, prev), sid);
 
+    /* keys and seq hashes of the whole run first, then a prefetch pipeline
+     * PF_DIST blocks ahead over the three tables the loop touches */
+    if (2 * n > p->cap_runbuf) {
+        p->cap_runbuf = 2 * n;
+        p->runbuf = kvi_xrealloc(p->runbuf, p->cap_runbuf * sizeof(uint64_t));
+    }
+    uint64_t *rk = p->runbuf, *rs = p->runbuf + n;
     for (size_t i = 0; i < n; i++) {
         uint32_t pos = pos0 + (uint32_t)i;
-        if (seq_only && i == 0) {
-            /* k already set */
-        } else {
+        if (!(seq_only && i == 0))
             k = key_step(ix, k, b[i].content_hash, pos);
-        }
+        rk[i] = k;
         if (seq != NULL)
             sq = seq[i];
         else
             sq = pos == 0 ? b[i].content_hash : kvi_seq_hash_next(sq, b[i].content_hash);
-        if (i + 1 < n) {
-            tab_prefetch(ix, &p->ktab, key_step(ix, k, b[i + 1].content_hash, pos + 1));
-            tab_prefetch(ix, &s->map, b[i + 1].engine_hash);
+        rs[i] = sq;
+    }
+    for (size_t i = 0; i < n && i < PF_DIST; i++) {
+        tab_prefetch(ix, &p->ktab, rk[i]);
+        tab_prefetch(ix, &p->stab, rs[i]);
+        tab_prefetch(ix, &s->map, b[i].engine_hash);
+    }
+
+    for (size_t i = 0; i < n; i++) {
+        uint32_t pos = pos0 + (uint32_t)i;
+        k = rk[i];
+        sq = rs[i];
+        if (i + PF_DIST < n) {
+            tab_prefetch(ix, &p->ktab, rk[i + PF_DIST]);
+            tab_prefetch(ix, &p->stab, rs[i + PF_DIST]);
+            tab_prefetch(ix, &s->map, b[i + PF_DIST].engine_hash);
         }
 
         uint32_t have = map_find(ix, p, s, b[i].engine_hash);
@@ -1026,9 +1098,26 @@ size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
     }
     struct kvi_slot *s = kvi__slot(ix, sid);
     size_t known = 0;
+    /* pipeline: map slot PF_DIST ahead, its entry PF_DIST/2 ahead, that
+     * entry's query-table homes 2 ahead */
     for (size_t i = 0; i < n; i++) {
-        if (i + 1 < n)
-            tab_prefetch(ix, &s->map, engine_hashes[i + 1]);
+        if (i + PF_DIST < n)
+            tab_prefetch(ix, &s->map, engine_hashes[i + PF_DIST]);
+        if (i + PF_DIST / 2 < n) {
+            uint32_t a = map_find(ix, p, s, engine_hashes[i + PF_DIST / 2]);
+            if (a != KVI_NONE)
+                __builtin_prefetch(kvi__entry(p, a));
+        }
+        if (i + 2 < n) {
+            uint32_t a = map_find(ix, p, s, engine_hashes[i + 2]);
+            if (a != KVI_NONE) {
+                const struct kvi_entry *ae = kvi__entry(p, a);
+                tab_prefetch(ix, &p->ktab, ae->key);
+                tab_prefetch(ix, &p->stab, ae->seq);
+                if (ae->parent != KVI_NONE)
+                    __builtin_prefetch(kvi__entry(p, ae->parent));
+            }
+        }
         uint32_t idx = map_find(ix, p, s, engine_hashes[i]);
         if (idx == KVI_NONE) {
             counter_add(&p->unknown_removes, 1);

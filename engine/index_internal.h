@@ -68,7 +68,7 @@ struct kvi_tab {
     uint32_t mask;
     uint32_t used; /* live + tombstones */
     uint32_t live;
-    uint32_t _pad;
+    uint32_t shift; /* 64 - log2(capacity): home slot = top bits of the tag */
     _Atomic uint64_t s[];
 };
 
@@ -125,6 +125,8 @@ struct kvi_part {
     uint32_t cap_stack;
     uint64_t *sortbuf;
     size_t cap_sortbuf;
+    uint64_t *runbuf; /* keys and seq hashes of the run being stored */
+    size_t cap_runbuf;
     uint32_t *pending_slots; /* slot ids freed, waiting for a grace period */
     uint32_t n_pending_slots, cap_pending_slots;
 

@@ -1,0 +1,379 @@
+/*
+ * kvidx-bench micro: engine costs on the reference micro-benchmark shape
+ * (Dynamo's crate README: 1 M blocks, depth 1,024, 128 workers).
+ *
+ * Shape: S sequences of D blocks (default 1,024 x 1,024 = 1 M blocks), each
+ * stored by R workers out of W (default R = 1, W = 128), every sequence
+ * stored as one D-block event (as the reference measured: per sequence).
+ * Engine hashes are random 64-bit values (opaque, as vLLM's are); content
+ * hashes are random. Measured in-process on one writer thread:
+ *   store   — ns per block, storing every sequence;
+ *   find    — one full-depth hit query (find_hit_ns), and one query that
+ *             diverges at a random depth (find_partial_ns), per jump size;
+ *   remove  — ns per block, removing every sequence tail first;
+ *   readers — query latency p50/p99 with 1 and 2 reader threads, idle and
+ *             while a writer thread stores and removes flat out;
+ *   memory  — index bytes per (block, worker) holding.
+ * Prints a table, then one JSON line.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench.h"
+#include "engine/common.h"
+#include "engine/index.h"
+#include "engine/rcu.h"
+
+struct micro_cfg {
+    uint32_t seqs, depth, workers, replicas, queries;
+    double reader_secs;
+    uint64_t seed;
+};
+
+struct shape {
+    struct micro_cfg c;
+    uint64_t *content; /* seqs x depth */
+    uint64_t *eh;      /* seqs x replicas x depth */
+    uint32_t *owner;   /* seqs x replicas: dense instance id */
+};
+
+static uint64_t *content_of(const struct shape *s, uint32_t q) { return s->content + (size_t)q * s->c.depth; }
+static uint64_t *eh_of(const struct shape *s, uint32_t q, uint32_t r)
+{
+    return s->eh + ((size_t)q * s->c.replicas + r) * s->c.depth;
+}
+
+static void shape_build(struct shape *s, struct kvi_index *ix)
+{
+    uint64_t rng = s->c.seed;
+    size_t nb = (size_t)s->c.seqs * s->c.depth;
+    s->content = kvi_xmalloc(nb * sizeof(uint64_t));
+    s->eh = kvi_xmalloc(nb * s->c.replicas * sizeof(uint64_t));
+    s->owner = kvi_xmalloc((size_t)s->c.seqs * s->c.replicas * sizeof(uint32_t));
+    for (size_t i = 0; i < nb; i++)
+        s->content[i] = kvi_bench_rand(&rng);
+    for (size_t i = 0; i < nb * s->c.replicas; i++)
+        s->eh[i] = kvi_bench_rand(&rng);
+    uint32_t *inst = kvi_xmalloc(s->c.workers * sizeof(uint32_t));
+    for (uint32_t w = 0; w < s->c.workers; w++)
+        inst[w] = (uint32_t)kvi_index_intern_instance(ix, 1000 + w, NULL, false);
+    for (uint32_t q = 0; q < s->c.seqs; q++)
+        for (uint32_t r = 0; r < s->c.replicas; r++)
+            s->owner[q * s->c.replicas + r] = inst[(q + r * (s->c.workers / s->c.replicas + 1)) % s->c.workers];
+    free(inst);
+}
+
+static void store_seq(struct kvi_index *ix, const struct shape *s, uint32_t q, uint32_t r, struct kvi_block *b)
+{
+    const uint64_t *c = content_of(s, q), *e = eh_of(s, q, r);
+    for (uint32_t i = 0; i < s->c.depth; i++)
+        b[i] = (struct kvi_block){e[i], c[i]};
+    int rc = kvi_index_store(ix, s->owner[q * s->c.replicas + r], 0, KVI_TIER_GPU, false, 0, b, s->c.depth);
+    if (rc != 0)
+        kvi_die("store failed: %d", rc);
+}
+
+static void remove_seq(struct kvi_index *ix, const struct shape *s, uint32_t q, uint32_t r, uint64_t *tmp)
+{
+    const uint64_t *e = eh_of(s, q, r);
+    for (uint32_t i = 0; i < s->c.depth; i++)
+        tmp[i] = e[s->c.depth - 1 - i];
+    kvi_index_remove(ix, s->owner[q * s->c.replicas + r], 0, KVI_TIER_GPU, tmp, s->c.depth);
+}
+
+struct qstat {
+    double mean_ns, p50_ns, p99_ns;
+};
+
+/* Time `n` queries; partial: diverge at a random depth. */
+static struct qstat time_queries(struct kvi_index *ix, const struct shape *s, uint32_t n, bool partial, uint64_t seed)
+{
+    uint64_t rng = seed;
+    uint64_t *lat = kvi_xmalloc(n * sizeof(uint64_t));
+    uint64_t *qbuf = kvi_xmalloc(s->c.depth * sizeof(uint64_t));
+    struct kvi_match m[256];
+    uint64_t total = 0, sink = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t q = (uint32_t)(kvi_bench_rand(&rng) % s->c.seqs);
+        memcpy(qbuf, content_of(s, q), s->c.depth * sizeof(uint64_t));
+        uint32_t expect = s->c.depth;
+        if (partial) {
+            expect = 1 + (uint32_t)(kvi_bench_rand(&rng) % (s->c.depth - 1));
+            qbuf[expect] ^= 0x5555;
+        }
+        uint64_t t0 = kvi_now_ns();
+        kvi_rcu_read_lock();
+        size_t k = kvi_index_find_matches(ix, qbuf, s->c.depth, m, 256);
+        kvi_rcu_read_unlock();
+        uint64_t dt = kvi_now_ns() - t0;
+        if (k != s->c.replicas || m[0].depth != expect)
+            kvi_die("wrong answer: %zu matches, depth %u, expected %u x %u", k, k ? m[0].depth : 0, s->c.replicas,
+                    expect);
+        sink += k;
+        lat[i] = dt;
+        total += dt;
+    }
+    qsort(lat, n, sizeof(uint64_t), kvi_bench_cmp_u64);
+    struct qstat st = {(double)total / n, kvi_bench_pct(lat, n, 50), kvi_bench_pct(lat, n, 99)};
+    free(lat);
+    free(qbuf);
+    (void)sink;
+    return st;
+}
+
+/* ---- readers under writes -------------------------------------------------- */
+
+struct rt {
+    struct kvi_index *ix;
+    const struct shape *s;
+    _Atomic bool *stop;
+    uint64_t seed;
+    uint64_t *lat;
+    size_t n, cap;
+    pthread_t tid;
+};
+
+static void *reader_main(void *arg)
+{
+    struct rt *r = arg;
+    kvi_rcu_register_thread();
+    uint64_t rng = r->seed;
+    struct kvi_match m[256];
+    /* queries touch only the first half of the sequences: the writer churns
+     * the second half */
+    uint32_t stable = r->s->c.seqs / 2;
+    while (!atomic_load_explicit(r->stop, memory_order_relaxed) && r->n < r->cap) {
+        uint32_t q = (uint32_t)(kvi_bench_rand(&rng) % stable);
+        uint64_t t0 = kvi_now_ns();
+        kvi_rcu_read_lock();
+        size_t k = kvi_index_find_matches(r->ix, content_of(r->s, q), r->s->c.depth, m, 256);
+        kvi_rcu_read_unlock();
+        r->lat[r->n++] = kvi_now_ns() - t0;
+        if (k != r->s->c.replicas)
+            kvi_die("reader saw %zu matches", k);
+    }
+    kvi_rcu_unregister_thread();
+    return NULL;
+}
+
+struct wt {
+    struct kvi_index *ix;
+    const struct shape *s;
+    _Atomic bool *stop;
+    uint64_t blocks;
+    pthread_t tid;
+};
+
+static void *writer_main(void *arg)
+{
+    struct wt *w = arg;
+    struct kvi_block *b = kvi_xmalloc(w->s->c.depth * sizeof *b);
+    uint64_t *tmp = kvi_xmalloc(w->s->c.depth * sizeof(uint64_t));
+    uint32_t half = w->s->c.seqs / 2, q = half;
+    while (!atomic_load_explicit(w->stop, memory_order_relaxed)) {
+        for (uint32_t r = 0; r < w->s->c.replicas; r++)
+            remove_seq(w->ix, w->s, q, r, tmp);
+        for (uint32_t r = 0; r < w->s->c.replicas; r++)
+            store_seq(w->ix, w->s, q, r, b);
+        w->blocks += 2ull * w->s->c.depth * w->s->c.replicas;
+        q = q + 1 < w->s->c.seqs ? q + 1 : half;
+    }
+    kvi_index_reclaim(w->ix, 0);
+    free(b);
+    free(tmp);
+    return NULL;
+}
+
+static struct qstat readers_run(struct kvi_index *ix, const struct shape *s, int n_readers, bool with_writer,
+                                double secs, double *writer_blocks_per_s)
+{
+    _Atomic bool stop = false;
+    struct rt r[2];
+    struct wt w = {.ix = ix, .s = s, .stop = &stop};
+    size_t cap = 4000000;
+    for (int i = 0; i < n_readers; i++) {
+        r[i] = (struct rt){.ix = ix, .s = s, .stop = &stop, .seed = s->c.seed + 77 + i, .cap = cap};
+        r[i].lat = kvi_xmalloc(cap * sizeof(uint64_t));
+    }
+    uint64_t t0 = kvi_now_ns();
+    if (with_writer)
+        pthread_create(&w.tid, NULL, writer_main, &w);
+    for (int i = 0; i < n_readers; i++)
+        pthread_create(&r[i].tid, NULL, reader_main, &r[i]);
+    struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+    nanosleep(&ts, NULL);
+    atomic_store(&stop, true);
+    for (int i = 0; i < n_readers; i++)
+        pthread_join(r[i].tid, NULL);
+    if (with_writer)
+        pthread_join(w.tid, NULL);
+    double el = (double)(kvi_now_ns() - t0) / 1e9;
+    if (writer_blocks_per_s)
+        *writer_blocks_per_s = with_writer ? (double)w.blocks / el : 0;
+    size_t n = 0;
+    for (int i = 0; i < n_readers; i++)
+        n += r[i].n;
+    uint64_t *all = kvi_xmalloc((n ? n : 1) * sizeof(uint64_t));
+    size_t k = 0;
+    double sum = 0;
+    for (int i = 0; i < n_readers; i++) {
+        memcpy(all + k, r[i].lat, r[i].n * sizeof(uint64_t));
+        k += r[i].n;
+        free(r[i].lat);
+    }
+    for (size_t i = 0; i < n; i++)
+        sum += (double)all[i];
+    qsort(all, n, sizeof(uint64_t), kvi_bench_cmp_u64);
+    struct qstat st = {n ? sum / (double)n : 0, kvi_bench_pct(all, n, 50), kvi_bench_pct(all, n, 99)};
+    free(all);
+    return st;
+}
+
+static void usage(void)
+{
+    printf("usage: kvidx-bench micro [--seqs N] [--depth D] [--workers W] [--replicas R]\n"
+           "                         [--queries Q] [--reader-secs S] [--seed X]\n"
+           "defaults: 1024 sequences x 1024 blocks (1 M blocks), 128 workers, 1 replica,\n"
+           "          20000 queries per measurement, 2 s per reader run, seed 42\n");
+}
+
+int kvi_bench_micro(int argc, char **argv)
+{
+    struct micro_cfg c = {1024, 1024, 128, 1, 20000, 2.0, 42};
+    static const struct option opts[] = {
+        {"seqs", required_argument, NULL, 's'},    {"depth", required_argument, NULL, 'd'},
+        {"workers", required_argument, NULL, 'w'}, {"replicas", required_argument, NULL, 'r'},
+        {"queries", required_argument, NULL, 'q'}, {"reader-secs", required_argument, NULL, 't'},
+        {"seed", required_argument, NULL, 'x'},    {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 's': c.seqs = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'd': c.depth = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'w': c.workers = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'r': c.replicas = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'q': c.queries = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 't': c.reader_secs = strtod(optarg, NULL); break;
+        case 'x': c.seed = strtoull(optarg, NULL, 10); break;
+        case 'h': usage(); return 0;
+        default: usage(); return 2;
+        }
+    }
+    if (c.seqs < 2 || c.depth < 2 || c.workers == 0 || c.replicas == 0 || c.replicas > c.workers ||
+        c.replicas > 256 || c.queries == 0) {
+        fprintf(stderr, "micro: invalid shape\n");
+        return 2;
+    }
+    kvi_rcu_register_thread();
+    struct kvi_index_config icfg = {.block_size = 16, .n_parts = 1, .key_seed = c.seed};
+    struct kvi_index *ix = kvi_index_create(&icfg);
+    struct shape s = {.c = c};
+    shape_build(&s, ix);
+    struct kvi_block *b = kvi_xmalloc(c.depth * sizeof *b);
+    uint64_t *tmp = kvi_xmalloc(c.depth * sizeof(uint64_t));
+    uint64_t holdings = (uint64_t)c.seqs * c.depth * c.replicas;
+
+    printf("kvidx micro: %u sequences x %u blocks = %.2f M blocks, %u workers, %u replica(s) per sequence\n",
+           c.seqs, c.depth, (double)c.seqs * c.depth / 1e6, c.workers, c.replicas);
+
+    /* store (cold: the index grows from empty) */
+    uint64_t t0 = kvi_now_ns();
+    for (uint32_t q = 0; q < c.seqs; q++)
+        for (uint32_t r = 0; r < c.replicas; r++)
+            store_seq(ix, &s, q, r, b);
+    double store_ns = (double)(kvi_now_ns() - t0) / (double)holdings;
+    kvi_index_reclaim(ix, 0);
+    struct kvi_index_stats st;
+    kvi_index_stats(ix, &st);
+    double bytes_per = (double)st.bytes / (double)st.holdings;
+
+    /* store again (warm: everything already present, idempotent) */
+    t0 = kvi_now_ns();
+    for (uint32_t q = 0; q < c.seqs; q++)
+        for (uint32_t r = 0; r < c.replicas; r++)
+            store_seq(ix, &s, q, r, b);
+    double restore_ns = (double)(kvi_now_ns() - t0) / (double)holdings;
+
+    /* queries by jump size */
+    static const uint32_t jumps[] = {1, 8, 32, 64, 256, 0};
+    struct qstat hit[6], part[6];
+    printf("\n%-10s %14s %14s %14s %14s\n", "jump", "hit mean ns", "hit p99 ns", "partial mean", "partial p99");
+    for (size_t j = 0; j < KVI_ARRAY_LEN(jumps); j++) {
+        kvi_index_set_jump(ix, jumps[j]);
+        hit[j] = time_queries(ix, &s, c.queries, false, c.seed + j);
+        part[j] = time_queries(ix, &s, c.queries, true, c.seed + 100 + j);
+        char name[16];
+        snprintf(name, sizeof name, jumps[j] ? "%u" : "end", jumps[j]);
+        printf("%-10s %14.0f %14.0f %14.0f %14.0f\n", name, hit[j].mean_ns, hit[j].p99_ns, part[j].mean_ns,
+               part[j].p99_ns);
+    }
+    kvi_index_set_jump(ix, KVI_DEFAULT_JUMP);
+    struct qstat dhit = time_queries(ix, &s, c.queries, false, c.seed + 1000);
+    struct qstat dpart = time_queries(ix, &s, c.queries, true, c.seed + 2000);
+
+    /* prefix-key computation alone, for the breakdown */
+    uint64_t *keys = kvi_xmalloc(c.depth * sizeof(uint64_t));
+    t0 = kvi_now_ns();
+    for (uint32_t i = 0; i < c.queries; i++)
+        kvi_index_prefix_keys(ix, content_of(&s, i % c.seqs), c.depth, keys);
+    double keys_ns = (double)(kvi_now_ns() - t0) / c.queries;
+    free(keys);
+
+    /* readers, idle and under writes */
+    double wbps1 = 0, wbps2 = 0;
+    struct qstat idle1 = readers_run(ix, &s, 1, false, c.reader_secs, NULL);
+    struct qstat busy1 = readers_run(ix, &s, 1, true, c.reader_secs, &wbps1);
+    struct qstat idle2 = readers_run(ix, &s, 2, false, c.reader_secs, NULL);
+    struct qstat busy2 = readers_run(ix, &s, 2, true, c.reader_secs, &wbps2);
+
+    /* remove everything, leaves first */
+    t0 = kvi_now_ns();
+    for (uint32_t q = 0; q < c.seqs; q++)
+        for (uint32_t r = 0; r < c.replicas; r++)
+            remove_seq(ix, &s, q, r, tmp);
+    double remove_ns = (double)(kvi_now_ns() - t0) / (double)holdings;
+    kvi_index_reclaim(ix, 0);
+    struct kvi_index_stats st2;
+    kvi_index_stats(ix, &st2);
+    if (st2.holdings != 0 || st2.entries != 0)
+        kvi_die("index not empty after removing everything");
+
+    printf("\n%-44s %12s\n", "operation", "value");
+    printf("%-44s %12.1f\n", "store, ns per block (cold)", store_ns);
+    printf("%-44s %12.1f\n", "store, ns per block (idempotent re-store)", restore_ns);
+    printf("%-44s %12.1f\n", "remove, ns per block (tail first)", remove_ns);
+    printf("%-44s %12.0f\n", "find full hit, ns per query (default jump)", dhit.mean_ns);
+    printf("%-44s %12.0f\n", "find partial, ns per query (default jump)", dpart.mean_ns);
+    printf("%-44s %12.0f\n", "  of which prefix keys for D blocks, ns", keys_ns);
+    printf("%-44s %12.1f\n", "bytes per (block, worker)", bytes_per);
+    printf("%-44s %12.0f / %.0f\n", "1 reader idle p50 / p99 ns", idle1.p50_ns, idle1.p99_ns);
+    printf("%-44s %12.0f / %.0f  (writer %.1f M blocks/s)\n", "1 reader under writes p50 / p99 ns", busy1.p50_ns,
+           busy1.p99_ns, wbps1 / 1e6);
+    printf("%-44s %12.0f / %.0f\n", "2 readers idle p50 / p99 ns", idle2.p50_ns, idle2.p99_ns);
+    printf("%-44s %12.0f / %.0f  (writer %.1f M blocks/s)\n", "2 readers under writes p50 / p99 ns", busy2.p50_ns,
+           busy2.p99_ns, wbps2 / 1e6);
+    printf("(2 readers + 1 writer on a 2-core machine oversubscribes the cores)\n\n");
+    printf("{\"bench\":\"micro\",\"blocks\":%llu,\"workers\":%u,\"depth\":%u,\"replicas\":%u,"
+           "\"store_ns_per_block\":%.1f,\"remove_ns_per_block\":%.1f,\"find_hit_ns\":%.0f,"
+           "\"find_partial_ns\":%.0f,\"reader_p99_ns_idle\":%.0f,\"reader_p99_ns_under_writes\":%.0f,"
+           "\"reader2_p99_ns_idle\":%.0f,\"reader2_p99_ns_under_writes\":%.0f,\"bytes_per_block_worker\":%.1f}\n",
+           (unsigned long long)c.seqs * c.depth, c.workers, c.depth, c.replicas, store_ns, remove_ns, dhit.mean_ns,
+           dpart.mean_ns, idle1.p99_ns, busy1.p99_ns, idle2.p99_ns, busy2.p99_ns, bytes_per);
+
+    free(b);
+    free(tmp);
+    free(s.content);
+    free(s.eh);
+    free(s.owner);
+    kvi_index_destroy(ix);
+    kvi_rcu_unregister_thread();
+    return 0;
+}
