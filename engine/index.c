@@ -346,7 +346,7 @@ static uint64_t member_eh(const struct kvi_entry *e, uint32_t slot, bool *found)
 {
     struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_relaxed);
     if (ms == NULL) {
-        *found = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) == slot;
+        *found = (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) & KVI_SLOT_MASK) == slot;
         return e->one_eh;
     }
     uint32_t n = atomic_load_explicit(&ms->n, memory_order_relaxed);
@@ -371,13 +371,27 @@ static size_t mset_bytes(uint32_t cap)
     return sizeof(struct kvi_mset) + (size_t)cap * sizeof(struct kvi_member);
 }
 
+/* Was the slot's holding of e stored without a parent link (a positional
+ * root at position > 0)? Writer only. */
+static bool member_is_root(const struct kvi_entry *e, uint32_t slot)
+{
+    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_relaxed);
+    if (ms == NULL)
+        return (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) & KVI_ROOT_BIT) != 0;
+    uint32_t n = atomic_load_explicit(&ms->n, memory_order_relaxed);
+    for (uint32_t i = 0; i < n; i++)
+        if (ms->m[i].slot == slot)
+            return (ms->m[i].tier & KVI_MEMBER_ROOT) != 0;
+    return false;
+}
+
 static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kvi_entry *e, uint32_t slot,
-                       uint8_t tier, uint64_t eh)
+                       uint8_t tier, uint64_t eh, bool root)
 {
     struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
     if (ms == NULL && atomic_load_explicit(&e->one, memory_order_relaxed) == KVI_NONE) {
         e->one_eh = eh;
-        atomic_store_explicit(&e->one, slot, memory_order_release); /* W2 */
+        atomic_store_explicit(&e->one, slot | (root ? KVI_ROOT_BIT : 0), memory_order_release); /* W2 */
     } else {
         uint32_t n = ms ? atomic_load_explicit(&ms->n, memory_order_relaxed) : 1;
         if (ms == NULL || n == ms->cap) {
@@ -387,18 +401,23 @@ static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kv
             nm->cap = cap;
             if (ms == NULL) {
                 uint32_t one = atomic_load_explicit(&e->one, memory_order_relaxed);
-                nm->m[0] = (struct kvi_member){.slot = one, .tier = kvi__slot(ix, one)->tier, .eh = e->one_eh};
+                uint32_t os = one & KVI_SLOT_MASK;
+                nm->m[0] = (struct kvi_member){
+                    .slot = os,
+                    .tier = (uint8_t)(kvi__slot(ix, os)->tier | ((one & KVI_ROOT_BIT) ? KVI_MEMBER_ROOT : 0)),
+                    .eh = e->one_eh,
+                };
             } else {
                 memcpy(nm->m, ms->m, n * sizeof(struct kvi_member));
             }
             atomic_store_explicit(&nm->n, n, memory_order_relaxed);
-            nm->m[n] = (struct kvi_member){.slot = slot, .tier = tier, .eh = eh};
+            nm->m[n] = (struct kvi_member){.slot = slot, .tier = (uint8_t)(tier | (root ? KVI_MEMBER_ROOT : 0)), .eh = eh};
             atomic_store_explicit(&nm->n, n + 1, memory_order_relaxed);
             atomic_store_explicit(&e->many, nm, memory_order_release); /* W2 */
             if (ms != NULL)
                 retire(p, ms, mset_bytes(ms->cap));
         } else {
-            ms->m[n] = (struct kvi_member){.slot = slot, .tier = tier, .eh = eh};
+            ms->m[n] = (struct kvi_member){.slot = slot, .tier = (uint8_t)(tier | (root ? KVI_MEMBER_ROOT : 0)), .eh = eh};
             atomic_store_explicit(&ms->n, n + 1, memory_order_release); /* W2 */
         }
     }
@@ -526,8 +545,11 @@ static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx
         tab_delete(p, &kc, &p->ktab, e->key, idx);
         tab_delete(p, &sc, &p->stab, e->seq, idx);
         struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
-        if (ms != NULL)
+        if (ms != NULL) {
+            /* readers then see no members (one is NONE): safe */
+            atomic_store_explicit(&e->many, NULL, memory_order_release);
             retire(p, ms, mset_bytes(ms->cap));
+        }
         if (p->n_pending == p->cap_pending) {
             p->cap_pending = p->cap_pending ? p->cap_pending * 2 : 256;
             p->pending_idx = kvi_xrealloc(p->pending_idx, p->cap_pending * sizeof(uint32_t));
@@ -1020,7 +1042,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         uint32_t have = map_find(ix, p, s, b[i].engine_hash);
         if (have != KVI_NONE) {
             struct kvi_entry *he = kvi__entry(p, have);
-            if (he->key == k && he->pos == pos) {
+            if (he->seq == sq && he->pos == pos) {
                 prev = have; /* idempotent re-store */
                 parent_in_slot = true;
                 continue;
@@ -1033,12 +1055,31 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
                 return -EINVAL;
             }
         }
-        struct tab_ctx kc = {ix, p, TAB_KEY, 0};
-        uint32_t idx = tab_find(&kc, &p->ktab, k);
+        /* the standard seq hash is the canonical identity of a prefix: a
+         * prefix placed by seq alone and the same prefix stored with its
+         * content chain are one entry */
+        struct tab_ctx sc = {ix, p, TAB_SEQ, 0};
+        uint32_t idx = tab_find(&sc, &p->stab, sq);
         if (idx != KVI_NONE && kvi__entry(p, idx)->pos != pos)
-            idx = KVI_NONE; /* 2^-64 key collision across depths: keep them apart */
-        if (idx == KVI_NONE)
+            idx = KVI_NONE; /* 2^-64 collision across depths: keep them apart */
+        if (idx == KVI_NONE) {
             idx = entry_new(ix, p, k, sq, b[i].content_hash, pos, prev);
+            if (seq_only)
+                atomic_store_explicit(&ix->has_seq_only, true, memory_order_release);
+        } else {
+            struct kvi_entry *fe = kvi__entry(p, idx);
+            if (fe->parent == KVI_NONE && prev != KVI_NONE) {
+                /* placed by seq alone before: now its parent is known */
+                struct kvi_entry *pe = kvi__entry(p, prev);
+                fe->parent = prev;
+                fe->next_sibling = pe->first_child;
+                pe->first_child = idx;
+            }
+            k = fe->key; /* continue the chain from the entry's own key */
+            if (k != rk[i])
+                for (size_t j = i + 1; j < n; j++) /* re-derive the rest of the run's keys */
+                    rk[j] = k = key_step(ix, k, b[j].content_hash, pos0 + (uint32_t)j);
+        }
         struct kvi_entry *e = kvi__entry(p, idx);
         bool f;
         uint64_t old_eh = member_eh(e, sid, &f);
@@ -1056,7 +1097,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             }
             map_insert(ix, p, s, b[i].engine_hash, idx);
         } else {
-            member_add(ix, p, e, sid, (uint8_t)tier, b[i].engine_hash);
+            member_add(ix, p, e, sid, (uint8_t)tier, b[i].engine_hash, seq_only && i == 0);
             map_insert(ix, p, s, b[i].engine_hash, idx);
             atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) + 1,
                                   memory_order_relaxed);
@@ -1161,7 +1202,8 @@ static size_t slot_collect(struct kvi_part *p, struct kvi_slot *s)
 static void slot_clear(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s)
 {
     size_t m = slot_collect(p, s);
-    qsort(p->sortbuf, m, sizeof(uint64_t), cmp_desc_u64);
+    if (m > 1)
+        qsort(p->sortbuf, m, sizeof(uint64_t), cmp_desc_u64);
     for (size_t i = 0; i < m; i++)
         holding_drop(ix, p, s, (uint32_t)p->sortbuf[i]);
     tab_free_now(p, &s->map);
@@ -1239,15 +1281,6 @@ static int cmp_asc_u64(const void *a, const void *b)
     return kvi__cmp_u64(a, b);
 }
 
-static int cmp_slot_order(const void *a, const void *b, void *arg)
-{
-    const struct kvi_index *ix = arg;
-    const struct kvi_slot *x = kvi__slot(ix, *(const uint32_t *)a), *y = kvi__slot(ix, *(const uint32_t *)b);
-    if (x->dp_rank != y->dp_rank)
-        return x->dp_rank < y->dp_rank ? -1 : 1;
-    return (x->tier > y->tier) - (x->tier < y->tier);
-}
-
 void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn emit, void *ctx)
 {
     struct kvi_part *p = &ix->parts[part];
@@ -1257,41 +1290,72 @@ void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn e
         struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
         if (sl == NULL || sl->n == 0)
             continue;
-        uint32_t *order = kvi_xmalloc(sl->n * sizeof(uint32_t));
-        memcpy(order, sl->id, sl->n * sizeof(uint32_t));
-        qsort_r(order, sl->n, sizeof(uint32_t), cmp_slot_order, ix);
-        for (uint32_t si = 0; si < sl->n; si++) {
-            struct kvi_slot *s = kvi__slot(ix, order[si]);
-            size_t m = slot_collect(p, s);
-            qsort(p->sortbuf, m, sizeof(uint64_t), cmp_asc_u64);
-            for (size_t i = 0; i < m; i++) {
-                uint32_t idx = (uint32_t)p->sortbuf[i];
+        /* one (instance, dp_rank) at a time: its holdings on every tier,
+         * ordered by position (a parent is one position up) then tier */
+        bool *done = kvi_xcalloc(sl->n, sizeof(bool));
+        for (uint32_t a = 0; a < sl->n; a++) {
+            if (done[a])
+                continue;
+            uint32_t rank = kvi__slot(ix, sl->id[a])->dp_rank;
+            uint32_t rs[KVI_TIER_COUNT + 8];
+            uint32_t nrs = 0;
+            size_t total = 0;
+            for (uint32_t b = a; b < sl->n; b++) {
+                struct kvi_slot *sb = kvi__slot(ix, sl->id[b]);
+                if (sb->dp_rank != rank || nrs == KVI_ARRAY_LEN(rs))
+                    continue;
+                done[b] = true;
+                rs[nrs++] = sb->id;
+                struct kvi_tab *t = atomic_load_explicit(&sb->map.t, memory_order_relaxed);
+                total += t ? t->live : 0;
+            }
+            if (total == 0)
+                continue;
+            /* (pos << 34 | tier << 32 | entry) */
+            uint64_t *hold = kvi_xmalloc(total * sizeof(uint64_t));
+            size_t m = 0;
+            for (uint32_t r = 0; r < nrs; r++) {
+                struct kvi_slot *sr = kvi__slot(ix, rs[r]);
+                size_t k = slot_collect(p, sr);
+                for (size_t j = 0; j < k && m < total; j++) {
+                    uint32_t idx = (uint32_t)p->sortbuf[j];
+                    hold[m++] = ((uint64_t)kvi__entry(p, idx)->pos << 34) | ((uint64_t)sr->tier << 32) | idx;
+                }
+            }
+            if (m > 1)
+                qsort(hold, m, sizeof(uint64_t), cmp_asc_u64);
+            for (size_t j = 0; j < m; j++) {
+                uint32_t idx = (uint32_t)hold[j];
+                uint8_t tier = (uint8_t)((hold[j] >> 32) & 3);
+                struct kvi_slot *s = NULL;
+                for (uint32_t r = 0; r < nrs; r++)
+                    if (kvi__slot(ix, rs[r])->tier == tier)
+                        s = kvi__slot(ix, rs[r]);
                 struct kvi_entry *e = kvi__entry(p, idx);
                 bool f;
                 struct kvi_dump_block d = {
                     .instance = ii,
-                    .dp_rank = s->dp_rank,
-                    .tier = (enum kvi_tier)s->tier,
+                    .dp_rank = rank,
+                    .tier = (enum kvi_tier)tier,
                     .position = e->pos,
                     .engine_hash = member_eh(e, s->id, &f),
                     .content_hash = e->content,
                     .seq_hash = e->seq,
                 };
-                if (e->parent != KVI_NONE) {
+                if (e->parent != KVI_NONE && !member_is_root(e, s->id)) {
                     struct kvi_entry *pe = kvi__entry(p, e->parent);
-                    uint64_t peh = member_eh(pe, s->id, &f);
-                    for (uint32_t oj = 0; !f && oj < sl->n; oj++) {
-                        struct kvi_slot *o = kvi__slot(ix, order[oj]);
-                        if (o->dp_rank == s->dp_rank && o->tier < s->tier)
-                            peh = member_eh(pe, o->id, &f);
-                    }
+                    uint64_t peh = member_eh(pe, s->id, &f); /* same slot first */
+                    for (uint32_t r = 0; !f && r < nrs; r++)
+                        if (rs[r] != s->id)
+                            peh = member_eh(pe, rs[r], &f);
                     d.has_parent = f;
                     d.parent_engine_hash = f ? peh : 0;
                 }
                 emit(ctx, &d);
             }
+            free(hold);
         }
-        free(order);
+        free(done);
     }
 }
 
@@ -1397,7 +1461,7 @@ static void assign(const struct finder *f, const struct kvi_entry *e, uint32_t d
     struct qscratch *q = f->q;
     struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire); /* R2 */
     if (ms == NULL) {
-        uint32_t s = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire);
+        uint32_t s = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) & KVI_SLOT_MASK;
         if (s != KVI_NONE && s < f->n_slots && kvi__slot(f->ix, s)->tier == KVI_TIER_GPU) {
             q->depth[s] = depth;
             q->gen[s] = q->cur_gen;
@@ -1407,7 +1471,7 @@ static void assign(const struct finder *f, const struct kvi_entry *e, uint32_t d
     uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t s = ms->m[i].slot;
-        if (ms->m[i].tier == KVI_TIER_GPU && s < f->n_slots) {
+        if ((ms->m[i].tier & KVI_MEMBER_TIER) == KVI_TIER_GPU && s < f->n_slots) {
             q->depth[s] = depth;
             q->gen[s] = q->cur_gen;
         }
@@ -1437,7 +1501,7 @@ static size_t emit_part(const struct finder *f, const struct kvi_entry *e0, stru
     struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e0)->many, memory_order_acquire);
     uint32_t one = KVI_NONE, n = 1;
     if (ms == NULL)
-        one = atomic_load_explicit(&((struct kvi_entry *)e0)->one, memory_order_acquire);
+        one = atomic_load_explicit(&((struct kvi_entry *)e0)->one, memory_order_acquire) & KVI_SLOT_MASK;
     else
         n = atomic_load_explicit(&ms->n, memory_order_acquire);
     for (uint32_t i = 0; i < n; i++) {
@@ -1510,6 +1574,10 @@ size_t kvi_index_find_matches(const struct kvi_index *ix, const uint64_t *conten
 {
     struct qscratch *q = qs_get();
     uint64_t *keys = qs_keys(q, n);
+    if (KVI_UNLIKELY(atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire))) {
+        kvi_seq_hashes(content, n, keys);
+        return find_core(ix, keys, n, TAB_SEQ, q, out, cap);
+    }
     kvi_index_prefix_keys(ix, content, n, keys);
     return find_core(ix, keys, n, TAB_KEY, q, out, cap);
 }
@@ -1534,7 +1602,7 @@ static bool slot_holds(const struct kvi_index *ix, const struct kvi_slot *s, con
         return false;
     struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire);
     if (ms == NULL)
-        return atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) == s->id;
+        return (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) & KVI_SLOT_MASK) == s->id;
     uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
     for (uint32_t i = 0; i < n; i++)
         if (ms->m[i].slot == s->id)
@@ -1567,9 +1635,13 @@ size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content
     enum tab_kind kind = TAB_SEQ;
     if (content != NULL) {
         uint64_t *k = qs_keys(q, n);
-        kvi_index_prefix_keys(ix, content, n, k);
+        if (atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire)) {
+            kvi_seq_hashes(content, n, k);
+        } else {
+            kvi_index_prefix_keys(ix, content, n, k);
+            kind = TAB_KEY;
+        }
         keys = k;
-        kind = TAB_KEY;
     }
     if (n == 0)
         return 0;
@@ -1625,10 +1697,12 @@ size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content
             const struct kvi_slot *own[KVI_TIER_COUNT];
             size_t n_own = 0;
             uint32_t g = 0, tree = 0;
+            uint64_t held = 0;
             for (uint32_t b2 = 0; b2 < sl->n; b2++) {
                 const struct kvi_slot *sb = kvi__slot(ix, sl->id[b2]);
                 if (sb->dp_rank != sa->dp_rank)
                     continue;
+                held += atomic_load_explicit(&((struct kvi_slot *)sb)->n_blocks, memory_order_relaxed);
                 if (sb->tier == KVI_TIER_GPU) {
                     tree = atomic_load_explicit(&((struct kvi_slot *)sb)->n_blocks, memory_order_relaxed);
                     for (size_t gi = 0; gi < ng; gi++)
@@ -1638,6 +1712,8 @@ size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content
                     own[n_own++] = sb;
                 }
             }
+            if (held == 0)
+                continue; /* pool-only rows: kvi_index_pool_depths */
             uint32_t t = g;
             while (t < n && tier_usable(ix, own, n_own, shared, n_shared, false, keys, kind, t))
                 t++;
@@ -1653,6 +1729,43 @@ size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content
         }
     }
     return count;
+}
+
+void kvi_index_pool_depths(const struct kvi_index *ix, const uint64_t *content, const uint64_t *seq, size_t n,
+                           uint32_t *cpu, uint32_t *disk)
+{
+    *cpu = *disk = 0;
+    if (n == 0 || !atomic_load_explicit(&((struct kvi_index *)ix)->has_shared, memory_order_acquire))
+        return;
+    struct qscratch *q = qs_get();
+    const uint64_t *keys = seq;
+    enum tab_kind kind = TAB_SEQ;
+    if (content != NULL) {
+        uint64_t *k = qs_keys(q, n);
+        if (atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire)) {
+            kvi_seq_hashes(content, n, k);
+        } else {
+            kvi_index_prefix_keys(ix, content, n, k);
+            kind = TAB_KEY;
+        }
+        keys = k;
+    }
+    uint32_t n_ids = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire);
+    const struct kvi_slot *shared[64];
+    size_t n_shared = 0;
+    for (uint32_t id = 1; id < n_ids; id++) {
+        const struct kvi_slot *s = kvi__slot(ix, id);
+        if (s != NULL && atomic_load_explicit(&((struct kvi_slot *)s)->live, memory_order_acquire) && s->shared &&
+            s->tier != KVI_TIER_GPU && n_shared < KVI_ARRAY_LEN(shared))
+            shared[n_shared++] = s;
+    }
+    uint32_t t = 0;
+    while (t < n && tier_usable(ix, NULL, 0, shared, n_shared, false, keys, kind, (uint32_t)t))
+        t++;
+    *cpu = t;
+    while (t < n && tier_usable(ix, NULL, 0, shared, n_shared, true, keys, kind, (uint32_t)t))
+        t++;
+    *disk = t;
 }
 
 int kvi_index_slot_info(const struct kvi_index *ix, uint32_t slot, struct kvi_slot_info *info)

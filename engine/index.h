@@ -254,8 +254,8 @@ void kvi_index_remove_instance(struct kvi_index *ix, uint32_t instance);
 void kvi_index_reclaim(struct kvi_index *ix, uint32_t part);
 
 /**
- * Emit every block held in partition @p part, parents before children within
- * each (instance, dp_rank) and gpu before lower tiers, so that replaying the
+ * Emit every block held in partition @p part, per (instance, dp_rank) in
+ * position order (parents before children, across tiers), so that replaying the
  * blocks as single-block stores rebuilds an identical index.
  * Writer of the partition only (a consistent snapshot of the partition).
  */
@@ -281,13 +281,23 @@ size_t kvi_index_find_matches_by_seq(const struct kvi_index *ix, const uint64_t 
 
 /**
  * Cumulative tier matches (gpu <= cpu <= disk) for every (instance, dp_rank)
- * with a hit on any tier, shared pools included. Call inside an RCU read-side
+ * that holds blocks of its own and has a hit on any tier, shared pools
+ * included (see kvi_index_pool_depths for instances without blocks). Call inside an RCU read-side
  * section. @p seq may be NULL (then computed) — pass content OR seq:
  * @param content  content hashes, or NULL to query by @p seq
  * @return number of (instance, dp_rank) results (may exceed @p cap).
  */
 size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content,
                              const uint64_t *seq, size_t n, struct kvi_tier_match *out, size_t cap);
+
+/**
+ * Depths an (instance, dp_rank) holding no blocks of its own reaches through
+ * shared pools alone (Conductor lists every registered instance; rows absent
+ * from kvi_index_find_tiered get gpu 0, cpu @p cpu, disk @p disk).
+ * Call inside an RCU read-side section. Pass content OR seq as for find_tiered.
+ */
+void kvi_index_pool_depths(const struct kvi_index *ix, const uint64_t *content, const uint64_t *seq, size_t n,
+                           uint32_t *cpu, uint32_t *disk);
 
 /** Facts about a slot. Call inside an RCU read-side section. @return 0/-ENOENT */
 int kvi_index_slot_info(const struct kvi_index *ix, uint32_t slot, struct kvi_slot_info *info);

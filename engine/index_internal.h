@@ -13,6 +13,10 @@
 
 #define KVI_NONE 0u              /* invalid entry / slot index */
 #define KVI_TOMB 0xffffffffu     /* tombstone value in a table slot */
+#define KVI_ROOT_BIT 0x80000000u /* in entry.one: the holding was placed without a parent */
+#define KVI_SLOT_MASK 0x7fffffffu
+#define KVI_MEMBER_ROOT 0x80     /* in kvi_member.tier: same, for member arrays */
+#define KVI_MEMBER_TIER 0x7f
 
 #define KVI_ENTRY_CHUNK_SHIFT 12 /* 4096 entries (256 KiB) per chunk */
 #define KVI_ENTRY_CHUNK (1u << KVI_ENTRY_CHUNK_SHIFT)
@@ -153,6 +157,8 @@ struct kvi_index {
     _Atomic uint32_t n_slot_ids; /* ids ever handed out + 1 */
     _Atomic bool has_lower_tiers;
     _Atomic bool has_shared;
+    _Atomic bool has_seq_only; /* some prefix was placed by seq hash alone: content
+                                * queries then go through the seq table */
 
     /* instances: chunked; interning under inst_lock */
     pthread_mutex_t inst_lock;
