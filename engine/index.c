@@ -1023,6 +1023,23 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             sq = pos == 0 ? b[i].content_hash : kvi_seq_hash_next(sq, b[i].content_hash);
         rs[i] = sq;
     }
+    /* an engine hash renamed to another prefix drops its old holding with
+     * its descendants; when that would drop the run's own parent chain the
+     * run is rejected before anything changes */
+    if (parent_in_slot) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t have = map_find(ix, p, s, b[i].engine_hash);
+            if (have == KVI_NONE || kvi__entry(p, have)->seq == rs[i])
+                continue;
+            uint32_t x = prev;
+            while (x != KVI_NONE && kvi__entry(p, x)->pos > kvi__entry(p, have)->pos)
+                x = kvi__entry(p, x)->parent;
+            if (x == have) {
+                counter_add(&p->invalid_events, 1);
+                return -EINVAL;
+            }
+        }
+    }
     for (size_t i = 0; i < n && i < PF_DIST; i++) {
         tab_prefetch(ix, &p->ktab, rk[i]);
         tab_prefetch(ix, &p->stab, rs[i]);

@@ -22,10 +22,12 @@
  *   - A slot's score is the length of the contiguous prefix it holds along the
  *     query's exact chain. Chunk-hash collisions cannot produce false matches:
  *     identity is the whole prefix.
- *   - Removing a block removes the slot's descendants of that block too
- *     (they are orphaned: an engine cannot serve a hit past a hole), so a
- *     slot's gpu holdings are always ancestor-closed. Re-storing the removed
- *     block does not resurrect its descendants.
+ *   - Removing a block removes the slot's descendants of that block too —
+ *     those reached through blocks the slot itself holds (they are orphaned:
+ *     an engine cannot serve a hit past a hole) — so a slot's gpu holdings
+ *     are always ancestor-closed. A lower-tier block hanging below another
+ *     tier's block is not a descendant of the lower tier's other blocks.
+ *     Re-storing the removed block does not resurrect its descendants.
  *   - A store whose parent engine hash the slot does not know is rejected
  *     (-ENOENT). Lower-tier (cpu/disk/external) stores may name a parent held
  *     on another tier of the same (instance, dp_rank).
