@@ -272,7 +272,7 @@ static void wake(struct kvi_writer *w)
 
 struct kvi_writer_pool *kvi_writer_pool_create(uint32_t n_writers, uint32_t ring_capacity)
 {
-    if (n_writers == 0 || n_writers > KVI_WRITER_MAX) {
+    if (n_writers == 0 || n_writers > KVI_WRITER_MAX || ring_capacity > KVI_RING_MAX_CAPACITY) {
         errno = EINVAL;
         return NULL;
     }

@@ -101,8 +101,9 @@ struct kvi_writer_stats {
 /**
  * Start @p n_writers writer threads (1..KVI_WRITER_MAX), each with its own
  * arena. @param ring_capacity  ops per (producer, writer) ring (power of two
- * rounding; 0 = 4096).
- * @return the pool, or NULL with errno (EINVAL, ENOMEM, or a pthread error).
+ * rounding; 0 = 4096; at most KVI_RING_MAX_CAPACITY).
+ * @return the pool, or NULL with errno (EINVAL for a bad count or capacity,
+ *         ENOMEM, or a pthread error).
  */
 struct kvi_writer_pool *kvi_writer_pool_create(uint32_t n_writers, uint32_t ring_capacity);
 
