@@ -123,9 +123,11 @@ void kvi_index_reclaim(struct kvi_index *ix, uint32_t part)
         p->cap_free = KVI_MAX(p->cap_free * 2, p->n_free + p->n_pending);
         p->free_idx = kvi_xrealloc(p->free_idx, p->cap_free * sizeof(uint32_t));
     }
-    memcpy(p->free_idx + p->n_free, p->pending_idx, p->n_pending * sizeof(uint32_t));
-    p->n_free += p->n_pending;
-    p->n_pending = 0;
+    if (p->n_pending > 0) {
+        memcpy(p->free_idx + p->n_free, p->pending_idx, p->n_pending * sizeof(uint32_t));
+        p->n_free += p->n_pending;
+        p->n_pending = 0;
+    }
     if (p->n_pending_slots > 0) {
         pthread_mutex_lock(&ix->slot_lock);
         uint32_t need = ix->n_free_slot_ids + p->n_pending_slots;

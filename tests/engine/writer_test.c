@@ -1,0 +1,1331 @@
+/* ctest-labels: unit -- engine/writer.{h,c}: pools, producers, ordering, flush, call, dump, stats */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/common.h"
+#include "engine/hash.h"
+#include "engine/index.h"
+#include "engine/index_internal.h"
+#include "engine/rcu.h"
+#include "engine/ring.h"
+#include "engine/writer.h"
+
+/*
+ * DESIGN: most tests build an op stream with the helpers below and, before
+ * submitting each op, apply the very same op directly to a second
+ * ("reference") index on the test thread (mirror_submit). Writers apply ops
+ * of one instance in submit order, so once the producer is flushed the
+ * pooled index must equal the reference: same canonical dump (as a set of
+ * rows), same query results (compared by (instance, dp_rank, depth,
+ * tree_size), since slot ids depend on the interleaving of instances), same
+ * deterministic counters. The direct application also yields the expected
+ * outcome of every op, to check the writers' outcome counters.
+ *
+ * The test thread is a registered RCU reader for the whole run (main), and
+ * never holds a read-side section while it waits for a writer.
+ */
+
+#define NW 2          /* writers in most tests (= index partitions) */
+#define NCHAIN 8      /* corpus chains */
+#define CHAIN_LEN 24  /* blocks per chain */
+#define MAX_MATCH 256
+
+/* ---- corpus: chains of content hashes, engine hashes per slot ------------- */
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t g_content[NCHAIN][CHAIN_LEN];
+static uint64_t g_seq[NCHAIN][CHAIN_LEN];
+
+/* Chain c shares its first (c % 3) * 2 blocks with chain 0, so entries get
+ * several members and parents are shared. */
+static void corpus_init(void)
+{
+    for (uint32_t c = 0; c < NCHAIN; c++) {
+        uint32_t share = c == 0 ? 0 : (c % 3) * 2;
+        for (uint32_t i = 0; i < CHAIN_LEN; i++)
+            g_content[c][i] = i < share ? g_content[0][i] : mix64(((uint64_t)c << 32) | i);
+        kvi_seq_hashes(g_content[c], CHAIN_LEN, g_seq[c]);
+    }
+}
+
+/* The engine hash slot (inst, rank) uses for block pos of chain c: a function
+ * of the prefix, like a real engine's block hash. */
+static uint64_t eh_of(uint32_t inst, uint32_t rank, uint32_t c, uint32_t pos)
+{
+    return mix64(g_seq[c][pos] ^ mix64(((uint64_t)(inst + 1) << 20) ^ rank));
+}
+
+/* ---- op builders ------------------------------------------------------------ */
+
+/* Store blocks [start, start + n) of chain c; parent = block start - 1. */
+static struct kvi_op *op_store(struct kvi_index *ix, uint32_t inst, uint32_t rank, enum kvi_tier tier, uint32_t c,
+                               uint32_t start, uint32_t n, bool with_seq)
+{
+    struct kvi_op *op = kvi_op_alloc(n, with_seq);
+    op->type = KVI_OP_STORE;
+    op->tier = (uint8_t)tier;
+    op->ix = ix;
+    op->instance = inst;
+    op->dp_rank = rank;
+    op->has_parent = start > 0;
+    op->parent_engine_hash = start > 0 ? eh_of(inst, rank, c, start - 1) : 0;
+    op->position = start;
+    for (uint32_t i = 0; i < n; i++) {
+        op->blocks[i].engine_hash = eh_of(inst, rank, c, start + i);
+        op->blocks[i].content_hash = g_content[c][start + i];
+        if (with_seq)
+            op->seq[i] = g_seq[c][start + i];
+    }
+    return op;
+}
+
+/* A store whose parent the slot has never seen: -ENOENT. */
+static struct kvi_op *op_store_orphan(struct kvi_index *ix, uint32_t inst, uint32_t rank, uint32_t c, uint32_t start,
+                                      uint32_t n)
+{
+    struct kvi_op *op = op_store(ix, inst, rank, KVI_TIER_GPU, c, start, n, false);
+    op->has_parent = true;
+    op->parent_engine_hash = 0xdead000000000000ull | mix64(start);
+    return op;
+}
+
+/* A store repeating an engine hash: -EINVAL, index unchanged. */
+static struct kvi_op *op_store_dup(struct kvi_index *ix, uint32_t inst, uint32_t rank, uint32_t c, uint32_t n)
+{
+    struct kvi_op *op = op_store(ix, inst, rank, KVI_TIER_GPU, c, 0, n, false);
+    op->blocks[n - 1].engine_hash = op->blocks[0].engine_hash;
+    return op;
+}
+
+/* Remove the given positions of chain c from (inst, rank, tier). */
+static struct kvi_op *op_remove(struct kvi_index *ix, uint32_t inst, uint32_t rank, enum kvi_tier tier, uint32_t c,
+                                const uint32_t *pos, uint32_t n)
+{
+    struct kvi_op *op = kvi_op_alloc(n, false);
+    op->type = KVI_OP_REMOVE;
+    op->tier = (uint8_t)tier;
+    op->ix = ix;
+    op->instance = inst;
+    op->dp_rank = rank;
+    for (uint32_t i = 0; i < n; i++)
+        op->hashes[i] = eh_of(inst, rank, c, pos[i]);
+    return op;
+}
+
+static struct kvi_op *op_remove1(struct kvi_index *ix, uint32_t inst, uint32_t rank, uint32_t c, uint32_t pos)
+{
+    return op_remove(ix, inst, rank, KVI_TIER_GPU, c, &pos, 1);
+}
+
+/* CLEAR, REMOVE_DP_RANK, REMOVE_INSTANCE */
+static struct kvi_op *op_simple(struct kvi_index *ix, enum kvi_op_type type, uint32_t inst, uint32_t rank)
+{
+    struct kvi_op *op = kvi_op_alloc(0, false);
+    op->type = (uint8_t)type;
+    op->ix = ix;
+    op->instance = inst;
+    op->dp_rank = rank;
+    return op;
+}
+
+/* Apply op to ref directly, exactly as a writer would; return the outcome. */
+static enum kvi_op_outcome apply_direct(struct kvi_index *ref, const struct kvi_op *op)
+{
+    int r = 0;
+    switch (op->type) {
+    case KVI_OP_STORE:
+        if (op->seq != NULL)
+            r = kvi_index_store_seq(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
+                                    op->parent_engine_hash, op->position, op->blocks, op->seq, op->n);
+        else
+            r = kvi_index_store(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
+                                op->parent_engine_hash, op->blocks, op->n);
+        break;
+    case KVI_OP_REMOVE:
+        (void)kvi_index_remove(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n);
+        break;
+    case KVI_OP_CLEAR:
+        kvi_index_clear(ref, op->instance);
+        break;
+    case KVI_OP_REMOVE_DP_RANK:
+        kvi_index_remove_dp_rank(ref, op->instance, op->dp_rank);
+        break;
+    case KVI_OP_REMOVE_INSTANCE:
+        kvi_index_remove_instance(ref, op->instance);
+        break;
+    default:
+        return KVI_OUT_INVALID;
+    }
+    return r == -ENOENT ? KVI_OUT_PARENT_NOT_FOUND : r < 0 ? KVI_OUT_INVALID : KVI_OUT_APPLIED;
+}
+
+/* Bookkeeping of what was submitted, for the writer counters. */
+struct expect {
+    uint64_t ops;
+    uint64_t outcomes[KVI_OUT_COUNT];
+    uint64_t blocks; /* blocks of every store op (whatever its outcome) */
+    uint64_t hashes; /* hashes of every remove op */
+};
+
+static void expect_note(struct expect *e, const struct kvi_op *op, enum kvi_op_outcome out)
+{
+    e->ops++;
+    e->outcomes[out]++;
+    if (op->type == KVI_OP_STORE)
+        e->blocks += op->n;
+    else if (op->type == KVI_OP_REMOVE)
+        e->hashes += op->n;
+}
+
+/* Apply op to ref (when non-NULL), note it in e (when non-NULL), submit it. */
+static void mirror_submit(struct kvi_producer *p, struct kvi_index *ref, struct expect *e, struct kvi_op *op)
+{
+    enum kvi_op_outcome out = ref ? apply_direct(ref, op) : KVI_OUT_APPLIED;
+    if (e)
+        expect_note(e, op, out);
+    kvi_producer_submit(p, op);
+}
+
+/* Same for a burst: mirror every op in order, then submit them together. */
+static void mirror_submit_burst(struct kvi_producer *p, struct kvi_index *ref, struct expect *e, struct kvi_op **ops,
+                                size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        enum kvi_op_outcome out = ref ? apply_direct(ref, ops[i]) : KVI_OUT_APPLIED;
+        if (e)
+            expect_note(e, ops[i], out);
+    }
+    kvi_producer_submit_burst(p, ops, n);
+}
+
+/* ---- indexes ------------------------------------------------------------------ */
+
+static struct kvi_index *index_new(uint32_t n_parts, uint32_t n_inst)
+{
+    struct kvi_index_config cfg = {.block_size = 16, .n_parts = n_parts, .key_seed = 0x5eed5eed12345678ull};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    for (uint32_t i = 0; i < n_inst; i++)
+        assert_int_equal(kvi_index_intern_instance(ix, 1000 + i, NULL, false), (int64_t)i);
+    return ix;
+}
+
+/* ---- canonical snapshots ----------------------------------------------------- */
+
+struct row {
+    uint32_t inst, rank, tier, pos;
+    uint64_t eh, content, seq, parent_eh;
+    bool has_parent;
+};
+
+struct snap {
+    struct row *r;
+    size_t n, cap;
+    /* producer dumps: where each row was emitted */
+    uint32_t n_parts;
+    pthread_t *thr;
+    atomic_int concurrent; /* emit callbacks running right now */
+    int overlap;           /* emit ever ran concurrently with itself */
+};
+
+static void snap_emit(void *ctx, const struct kvi_dump_block *b)
+{
+    struct snap *s = ctx;
+    if (atomic_fetch_add(&s->concurrent, 1) != 0)
+        s->overlap = 1;
+    if (s->n == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 256;
+        s->r = realloc(s->r, s->cap * sizeof *s->r);
+        s->thr = realloc(s->thr, s->cap * sizeof *s->thr);
+        if (s->r == NULL || s->thr == NULL)
+            abort();
+    }
+    struct row *r = &s->r[s->n];
+    memset(r, 0, sizeof *r);
+    r->inst = b->instance;
+    r->rank = b->dp_rank;
+    r->tier = (uint32_t)b->tier;
+    r->pos = b->position;
+    r->eh = b->engine_hash;
+    r->content = b->content_hash;
+    r->seq = b->seq_hash;
+    r->has_parent = b->has_parent;
+    r->parent_eh = b->parent_engine_hash;
+    s->thr[s->n] = pthread_self();
+    s->n++;
+    atomic_fetch_sub(&s->concurrent, 1);
+}
+
+static void snap_free(struct snap *s)
+{
+    free(s->r);
+    free(s->thr);
+    memset(s, 0, sizeof *s);
+}
+
+#define CMP(a, b)                                                                                                      \
+    do {                                                                                                               \
+        if ((a) != (b))                                                                                                \
+            return (a) < (b) ? -1 : 1;                                                                                 \
+    } while (0)
+
+static int row_cmp(const void *x, const void *y)
+{
+    const struct row *a = x, *b = y;
+    CMP(a->inst, b->inst);
+    CMP(a->rank, b->rank);
+    CMP(a->tier, b->tier);
+    CMP(a->eh, b->eh);
+    CMP(a->content, b->content);
+    CMP(a->parent_eh, b->parent_eh);
+    CMP(a->has_parent, b->has_parent);
+    CMP(a->pos, b->pos);
+    CMP(a->seq, b->seq);
+    return 0;
+}
+
+/* Dump every partition of ix on this thread (ix has no writer running). */
+static void snap_direct(struct kvi_index *ix, struct snap *s)
+{
+    for (uint32_t part = 0; part < kvi_index_n_parts(ix); part++)
+        kvi_index_dump_partition(ix, part, snap_emit, s);
+}
+
+static void print_row(const char *what, const struct row *r)
+{
+    fprintf(stderr, "  %s: inst %u rank %u tier %u pos %u eh %016llx content %016llx parent %d:%016llx\n", what,
+            r->inst, r->rank, r->tier, r->pos, (unsigned long long)r->eh, (unsigned long long)r->content,
+            (int)r->has_parent, (unsigned long long)r->parent_eh);
+}
+
+/* Sort both and require equal sets (rows are unique in a dump). */
+static void snap_assert_equal(struct snap *got, struct snap *want)
+{
+    qsort(got->r, got->n, sizeof *got->r, row_cmp);
+    qsort(want->r, want->n, sizeof *want->r, row_cmp);
+    size_t i = 0;
+    for (; i < got->n && i < want->n; i++)
+        if (row_cmp(&got->r[i], &want->r[i]) != 0)
+            break;
+    if (i < got->n || i < want->n) {
+        fprintf(stderr, "snapshots differ: %zu rows vs %zu expected; first difference at row %zu\n", got->n, want->n,
+                i);
+        if (i < got->n)
+            print_row("got ", &got->r[i]);
+        if (i < want->n)
+            print_row("want", &want->r[i]);
+    }
+    assert_int_equal(got->n, want->n);
+    assert_int_equal(i, want->n);
+    for (size_t k = 1; k < got->n; k++)
+        assert_int_not_equal(row_cmp(&got->r[k - 1], &got->r[k]), 0);
+}
+
+/* Snapshot of ix through the pool == direct snapshot of ref. */
+static void assert_dump_equal(struct kvi_producer *p, struct kvi_index *ix, struct kvi_index *ref)
+{
+    struct snap got = {0}, want = {0};
+    kvi_producer_dump(p, ix, snap_emit, &got);
+    snap_direct(ref, &want);
+    assert_int_equal(got.overlap, 0);
+    snap_assert_equal(&got, &want);
+    snap_free(&got);
+    snap_free(&want);
+}
+
+/* ---- queries ------------------------------------------------------------------ */
+
+struct qrow {
+    uint32_t inst, rank, depth, tree;
+};
+
+static int qrow_cmp(const void *x, const void *y)
+{
+    const struct qrow *a = x, *b = y;
+    CMP(a->inst, b->inst);
+    CMP(a->rank, b->rank);
+    CMP(a->depth, b->depth);
+    CMP(a->tree, b->tree);
+    return 0;
+}
+
+/* Gpu matches of chain c's first len blocks, sorted. by_seq: query by seq. */
+static size_t query(const struct kvi_index *ix, uint32_t c, uint32_t len, bool by_seq, struct qrow *out)
+{
+    struct kvi_match m[MAX_MATCH];
+    kvi_rcu_read_lock();
+    size_t n = by_seq ? kvi_index_find_matches_by_seq(ix, g_seq[c], len, m, MAX_MATCH)
+                      : kvi_index_find_matches(ix, g_content[c], len, m, MAX_MATCH);
+    kvi_rcu_read_unlock();
+    assert_true(n <= MAX_MATCH);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(m[i].depth >= 1 && m[i].depth <= len);
+        out[i] = (struct qrow){m[i].instance, m[i].dp_rank, m[i].depth, m[i].tree_size};
+    }
+    qsort(out, n, sizeof *out, qrow_cmp);
+    return n;
+}
+
+static void assert_queries_equal(const struct kvi_index *ix, const struct kvi_index *ref)
+{
+    static const uint32_t lens[] = {1, 2, 3, 5, 8, 13, CHAIN_LEN};
+    struct qrow a[MAX_MATCH], b[MAX_MATCH];
+    for (uint32_t c = 0; c < NCHAIN; c++)
+        for (size_t l = 0; l < KVI_ARRAY_LEN(lens); l++)
+            for (int by_seq = 0; by_seq < 2; by_seq++) {
+                size_t na = query(ix, c, lens[l], by_seq, a);
+                size_t nb = query(ref, c, lens[l], by_seq, b);
+                if (na != nb || memcmp(a, b, na * sizeof *a) != 0)
+                    fprintf(stderr, "query chain %u len %u by_seq %d: %zu matches vs %zu expected\n", c, lens[l],
+                            by_seq, na, nb);
+                assert_int_equal(na, nb);
+                assert_memory_equal(a, b, na * sizeof *a);
+            }
+}
+
+static void assert_index_stats_equal(const struct kvi_index *ix, const struct kvi_index *ref)
+{
+    struct kvi_index_stats a, b;
+    kvi_index_stats(ix, &a);
+    kvi_index_stats(ref, &b);
+    assert_int_equal(a.entries, b.entries);
+    assert_int_equal(a.holdings, b.holdings);
+    assert_int_equal(a.slots, b.slots);
+    assert_int_equal(a.stored_blocks, b.stored_blocks);
+    assert_int_equal(a.removed_blocks, b.removed_blocks);
+    assert_int_equal(a.parent_not_found, b.parent_not_found);
+    assert_int_equal(a.unknown_removes, b.unknown_removes);
+    assert_int_equal(a.invalid_events, b.invalid_events);
+}
+
+/* Full comparison of a pooled index (producer p flushed) with its reference. */
+static void assert_same_state(struct kvi_producer *p, struct kvi_index *ix, struct kvi_index *ref, uint32_t n_inst)
+{
+    assert_dump_equal(p, ix, ref);
+    assert_queries_equal(ix, ref);
+    assert_index_stats_equal(ix, ref);
+    for (uint32_t i = 0; i < n_inst; i++)
+        for (uint32_t r = 0; r < 3; r++)
+            assert_int_equal(kvi_index_tree_size(ix, i, r), kvi_index_tree_size(ref, i, r));
+}
+
+static void stats_sum(const struct kvi_writer_pool *pool, struct kvi_writer_stats *sum)
+{
+    memset(sum, 0, sizeof *sum);
+    for (uint32_t w = 0; w < kvi_writer_pool_size(pool); w++) {
+        struct kvi_writer_stats st;
+        kvi_writer_stats(pool, w, &st);
+        sum->ops += st.ops;
+        for (int o = 0; o < KVI_OUT_COUNT; o++)
+            sum->outcomes[o] += st.outcomes[o];
+        sum->blocks_stored += st.blocks_stored;
+        sum->hashes_removed += st.hashes_removed;
+        sum->queued += st.queued;
+        sum->sleeps += st.sleeps;
+        sum->stalls += st.stalls;
+    }
+}
+
+static void assert_stats_match(const struct kvi_writer_pool *pool, const struct expect *e)
+{
+    struct kvi_writer_stats s;
+    stats_sum(pool, &s);
+    assert_int_equal(s.ops, e->ops);
+    assert_int_equal(s.outcomes[KVI_OUT_APPLIED], e->outcomes[KVI_OUT_APPLIED]);
+    assert_int_equal(s.outcomes[KVI_OUT_PARENT_NOT_FOUND], e->outcomes[KVI_OUT_PARENT_NOT_FOUND]);
+    assert_int_equal(s.outcomes[KVI_OUT_INVALID], e->outcomes[KVI_OUT_INVALID]);
+    assert_int_equal(s.blocks_stored, e->blocks);
+    assert_int_equal(s.hashes_removed, e->hashes);
+    assert_int_equal(s.queued, 0);
+}
+
+/* ---- tests: pool and producer lifecycle ------------------------------------- */
+
+static void test_pool_create_errors(void **state)
+{
+    static const uint32_t bad[] = {0, KVI_WRITER_MAX + 1, 1000, UINT32_MAX};
+    for (size_t i = 0; i < KVI_ARRAY_LEN(bad); i++) {
+        errno = 0;
+        assert_null(kvi_writer_pool_create(bad[i], 0));
+        assert_int_equal(errno, EINVAL);
+        errno = 0;
+        assert_null(kvi_writer_pool_create(bad[i], 16));
+        assert_int_equal(errno, EINVAL);
+    }
+    kvi_writer_pool_destroy(NULL); /* no-op */
+    kvi_producer_destroy(NULL);    /* no-op */
+
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(1, 0);
+    assert_non_null(pool);
+    assert_int_equal(kvi_writer_pool_size(pool), 1);
+    kvi_writer_pool_destroy(pool); /* never had a producer */
+}
+
+static void count_call(void *arg, uint32_t writer)
+{
+    atomic_fetch_add((atomic_uint *)arg + writer, 1);
+}
+
+/* The largest pool: every writer reachable through one producer. */
+static void test_pool_max_writers(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(KVI_WRITER_MAX, 2);
+    assert_non_null(pool);
+    assert_int_equal(kvi_writer_pool_size(pool), KVI_WRITER_MAX);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    static atomic_uint calls[KVI_WRITER_MAX];
+    for (uint32_t w = 0; w < KVI_WRITER_MAX; w++)
+        atomic_store(&calls[w], 0);
+    for (uint32_t w = 0; w < KVI_WRITER_MAX; w++)
+        kvi_producer_call(p, w, count_call, calls);
+    for (uint32_t w = 0; w < KVI_WRITER_MAX; w++)
+        assert_int_equal(atomic_load(&calls[w]), 1);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+}
+
+/*
+ * ring_capacity is used only when a producer creates its rings, where a
+ * capacity kvi_ring_create refuses would abort kvi_producer_create; the
+ * constructor rejects it up front (EINVAL), and accepts the largest one.
+ */
+static void test_pool_create_rejects_bad_ring_capacity(void **state)
+{
+    static const uint32_t bad[] = {KVI_RING_MAX_CAPACITY + 1, UINT32_MAX};
+    for (size_t i = 0; i < KVI_ARRAY_LEN(bad); i++) {
+        errno = 0;
+        struct kvi_writer_pool *pool = kvi_writer_pool_create(1, bad[i]);
+        int err = errno;
+        if (pool != NULL)
+            kvi_writer_pool_destroy(pool); /* no producer: the bad capacity is never used */
+        assert_null(pool);
+        assert_int_equal(err, EINVAL);
+    }
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(1, KVI_RING_MAX_CAPACITY);
+    assert_non_null(pool); /* rings are only allocated by producers */
+    kvi_writer_pool_destroy(pool);
+}
+
+/* Create and destroy more producers than there are slots, one at a time:
+ * slots are recycled, and every producer's op (submitted without an explicit
+ * flush) is applied by the time destroy returns, in producer order. */
+static void test_producer_slot_reuse(void **state)
+{
+    const uint32_t rounds = KVI_PRODUCER_MAX + 100;
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 2);
+    assert_non_null(pool);
+    struct kvi_index *ix = index_new(NW, 2);
+    /* A long-lived producer alongside the short-lived ones. */
+    struct kvi_producer *keep = kvi_producer_create(pool);
+    assert_non_null(keep);
+    for (uint32_t i = 0; i < rounds; i++) {
+        struct kvi_producer *p = kvi_producer_create(pool);
+        if (p == NULL)
+            fprintf(stderr, "kvi_producer_create failed at round %u: %s\n", i, strerror(errno));
+        assert_non_null(p);
+        /* instance 0: chain 0 block (i % CHAIN_LEN) on the next rank once a chain is complete */
+        uint32_t rank = i / CHAIN_LEN, pos = i % CHAIN_LEN;
+        kvi_producer_submit(p, op_store(ix, 0, rank, KVI_TIER_GPU, 0, pos, 1, false));
+        kvi_producer_destroy(p);
+    }
+    kvi_producer_flush(keep);
+    uint32_t full = rounds / CHAIN_LEN;
+    for (uint32_t r = 0; r < full; r++)
+        assert_int_equal(kvi_index_tree_size(ix, 0, r), CHAIN_LEN);
+    assert_int_equal(kvi_index_tree_size(ix, 0, full), rounds % CHAIN_LEN);
+    struct kvi_writer_stats s;
+    stats_sum(pool, &s);
+    assert_int_equal(s.ops, rounds);
+    assert_int_equal(s.outcomes[KVI_OUT_APPLIED], rounds);
+    assert_int_equal(s.queued, 0);
+    kvi_producer_forget_index(keep, ix);
+    kvi_producer_destroy(keep);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
+/* ---- tests: ordering ---------------------------------------------------------- */
+
+/*
+ * A scenario whose result depends on the order of the ops of each instance:
+ * 6 instances over 2 partitions, every op type. Returns the expected gpu
+ * matches for the full chain 0 in want (sorted), their count as result.
+ */
+static size_t scenario(struct kvi_producer *p, struct kvi_index *ix, struct kvi_index *ref, struct expect *e,
+                       bool as_burst, struct qrow *want)
+{
+    struct kvi_op *ops[64];
+    size_t n = 0;
+    const uint32_t mid = 3;
+    /* inst 0 (part 0): store chain, remove the middle (drops 3..7), re-store 3..5 */
+    ops[n++] = op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, 8, false);
+    ops[n++] = op_remove1(ix, 0, 0, 0, mid);
+    ops[n++] = op_store(ix, 0, 0, KVI_TIER_GPU, 0, 3, 3, false);
+    /* inst 1 (part 1): two ranks, clear, store again */
+    ops[n++] = op_store(ix, 1, 0, KVI_TIER_GPU, 0, 0, 8, false);
+    ops[n++] = op_store(ix, 1, 1, KVI_TIER_GPU, 0, 0, 4, false);
+    ops[n++] = op_simple(ix, KVI_OP_CLEAR, 1, 0);
+    ops[n++] = op_store(ix, 1, 0, KVI_TIER_GPU, 0, 0, 2, false);
+    /* inst 2 (part 0): rejected stores leave it unchanged; a cpu run on a gpu parent */
+    ops[n++] = op_store(ix, 2, 0, KVI_TIER_GPU, 0, 0, 5, false);
+    ops[n++] = op_store_orphan(ix, 2, 0, 0, 5, 3);
+    ops[n++] = op_store_dup(ix, 2, 0, 0, 6);
+    ops[n++] = op_store(ix, 2, 0, KVI_TIER_CPU, 0, 5, 2, false);
+    /* inst 3 (part 1): second rank stored then dropped */
+    ops[n++] = op_store(ix, 3, 0, KVI_TIER_GPU, 0, 0, 4, false);
+    ops[n++] = op_store(ix, 3, 1, KVI_TIER_GPU, 0, 0, 6, false);
+    ops[n++] = op_simple(ix, KVI_OP_REMOVE_DP_RANK, 3, 1);
+    /* inst 4 (part 0): stored then removed entirely */
+    ops[n++] = op_store(ix, 4, 0, KVI_TIER_GPU, 0, 0, 7, false);
+    ops[n++] = op_simple(ix, KVI_OP_REMOVE_INSTANCE, 4, 0);
+    /* inst 5 (part 1): a seq store (kvi_index_store_seq path), then its tail removed */
+    ops[n++] = op_store(ix, 5, 0, KVI_TIER_GPU, 0, 0, 9, true);
+    ops[n++] = op_store(ix, 5, 0, KVI_TIER_GPU, 0, 9, 3, true);
+    ops[n++] = op_remove1(ix, 5, 0, 0, 10);
+    /* inst 0 again: remove the re-stored tail, store a sibling chain on rank 1 */
+    ops[n++] = op_remove1(ix, 0, 0, 0, 5);
+    ops[n++] = op_store(ix, 0, 1, KVI_TIER_GPU, 2, 0, 10, false);
+    if (as_burst) {
+        mirror_submit_burst(p, ref, e, ops, n);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            mirror_submit(p, ref, e, ops[i]);
+    }
+    size_t k = 0;
+    want[k++] = (struct qrow){0, 0, 5, 5};  /* 0..7, minus 3..7, plus 3..5, minus 5 */
+    want[k++] = (struct qrow){0, 1, 4, 10}; /* chain 2 shares 4 blocks with chain 0 */
+    want[k++] = (struct qrow){1, 0, 2, 2};
+    want[k++] = (struct qrow){2, 0, 5, 5};
+    want[k++] = (struct qrow){3, 0, 4, 4};
+    want[k++] = (struct qrow){5, 0, 10, 10};
+    return k;
+}
+
+static void run_ordered(bool as_burst)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(NW, 6), *ref = index_new(NW, 6);
+    struct expect e = {0};
+    struct qrow want[16], got[MAX_MATCH];
+    size_t nw = scenario(p, ix, ref, &e, as_burst, want);
+    kvi_producer_flush(p);
+
+    /* the reference itself gives the expected answer (sanity of the scenario) */
+    assert_int_equal(query(ref, 0, CHAIN_LEN, false, got), nw);
+    assert_memory_equal(got, want, nw * sizeof *want);
+    /* and the pooled index equals it */
+    assert_int_equal(query(ix, 0, CHAIN_LEN, false, got), nw);
+    assert_memory_equal(got, want, nw * sizeof *want);
+    assert_int_equal(e.outcomes[KVI_OUT_PARENT_NOT_FOUND], 1);
+    assert_int_equal(e.outcomes[KVI_OUT_INVALID], 1);
+    assert_stats_match(pool, &e);
+    assert_same_state(p, ix, ref, 6);
+
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+    kvi_index_destroy(ref);
+}
+
+static void test_ordered_ops_single(void **state)
+{
+    run_ordered(false);
+}
+
+static void test_ordered_ops_burst(void **state)
+{
+    run_ordered(true);
+}
+
+/* Many rounds of order-sensitive ops per instance with no flush in between,
+ * as singles and bursts that alternate between partitions. */
+static void test_ordered_rounds(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 64);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    enum { NI = 4, ROUNDS = 300 };
+    struct kvi_index *ix = index_new(NW, NI), *ref = index_new(NW, NI);
+    struct expect e = {0};
+    uint64_t rng = 42;
+    for (uint32_t round = 0; round < ROUNDS; round++) {
+        struct kvi_op *ops[NI * 4];
+        size_t n = 0;
+        for (uint32_t i = 0; i < NI; i++) {
+            rng = mix64(rng);
+            uint32_t c = (uint32_t)(rng % NCHAIN), len = 4 + (uint32_t)(rng >> 8) % (CHAIN_LEN - 4);
+            uint32_t cut = 1 + (uint32_t)(rng >> 16) % (len - 1);
+            ops[n++] = op_store(ix, i, 0, KVI_TIER_GPU, c, 0, len, false);
+            ops[n++] = op_remove1(ix, i, 0, c, cut);
+            if ((rng >> 24) % 4 == 0)
+                ops[n++] = op_simple(ix, KVI_OP_CLEAR, i, 0);
+            else
+                ops[n++] = op_store(ix, i, 0, KVI_TIER_GPU, c, cut, 1, false);
+        }
+        if (round % 2)
+            mirror_submit_burst(p, ref, &e, ops, n);
+        else
+            for (size_t k = 0; k < n; k++)
+                mirror_submit(p, ref, &e, ops[k]);
+    }
+    kvi_producer_flush(p);
+    assert_stats_match(pool, &e);
+    assert_same_state(p, ix, ref, NI);
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+    kvi_index_destroy(ref);
+}
+
+/* ---- tests: flush, call, dump ------------------------------------------------- */
+
+/* After each flush, a registered RCU reader sees the whole chain so far. */
+static void test_flush_visibility(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(NW, 2);
+    struct qrow got[MAX_MATCH];
+    for (uint32_t pos = 0; pos < CHAIN_LEN; pos++) {
+        kvi_producer_submit(p, op_store(ix, 0, 0, KVI_TIER_GPU, 1, pos, 1, false));
+        kvi_producer_submit(p, op_store(ix, 1, 0, KVI_TIER_GPU, 1, pos, 1, pos % 2 == 0));
+        kvi_producer_flush(p);
+        assert_int_equal(query(ix, 1, CHAIN_LEN, false, got), 2);
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(got[k].inst, (uint32_t)k);
+            assert_int_equal(got[k].depth, pos + 1);
+            assert_int_equal(got[k].tree, pos + 1);
+        }
+        assert_int_equal(query(ix, 1, CHAIN_LEN, true, got), 2);
+        assert_int_equal(got[0].depth, pos + 1);
+        assert_int_equal(kvi_index_tree_size(ix, 1, 0), pos + 1);
+    }
+    /* removals too: the root removal cascades */
+    kvi_producer_submit(p, op_remove1(ix, 0, 0, 1, 0));
+    kvi_producer_flush(p);
+    assert_int_equal(query(ix, 1, CHAIN_LEN, false, got), 1);
+    assert_int_equal(got[0].inst, 1);
+    assert_int_equal(kvi_index_tree_size(ix, 0, 0), 0);
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
+struct call_rec {
+    struct kvi_index *ix;
+    uint32_t writer;
+    pthread_t thr;
+    uint64_t blocks; /* blocks in the writer's partition when the call ran */
+    int calls;
+};
+
+static void count_block(void *ctx, const struct kvi_dump_block *b)
+{
+    (void)b;
+    (*(uint64_t *)ctx)++;
+}
+
+static void record_call(void *arg, uint32_t writer)
+{
+    struct call_rec *r = arg;
+    r->writer = writer;
+    r->thr = pthread_self();
+    r->calls++;
+    r->blocks = 0;
+    if (r->ix != NULL)
+        kvi_index_dump_partition(r->ix, writer, count_block, &r->blocks); /* allowed: we are its writer */
+}
+
+/* kvi_producer_call runs fn on the requested writer, on that writer's own
+ * thread, after every op the producer submitted before. */
+static void test_call_runs_on_writer(void **state)
+{
+    const uint32_t nw = 4;
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(nw, 8);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(nw, 8);
+    pthread_t thr[4];
+    for (uint32_t round = 0; round < 3; round++) {
+        for (uint32_t w = 0; w < nw; w++) {
+            /* unflushed stores for both instances of partition w (w, w + 4):
+             * round r adds a full chain to (w, rank r), 1 block to (w + 4, rank r) */
+            for (uint32_t pos = 0; pos < CHAIN_LEN; pos++)
+                kvi_producer_submit(p, op_store(ix, w, round, KVI_TIER_GPU, 3, pos, 1, false));
+            kvi_producer_submit(p, op_store(ix, w + nw, round, KVI_TIER_GPU, 0, 0, 1, false));
+            struct call_rec r = {.ix = ix, .writer = UINT32_MAX};
+            kvi_producer_call(p, w, record_call, &r);
+            assert_int_equal(r.calls, 1);
+            assert_int_equal(r.writer, w);
+            assert_int_equal(r.blocks, (uint64_t)(round + 1) * (CHAIN_LEN + 1));
+            assert_false(pthread_equal(r.thr, pthread_self()));
+            if (round == 0)
+                thr[w] = r.thr;
+            else
+                assert_true(pthread_equal(r.thr, thr[w]));
+            for (uint32_t v = 0; v < w; v++)
+                assert_false(pthread_equal(thr[v], thr[w]));
+        }
+    }
+    /* a call that mutates nothing, without any index */
+    struct call_rec r = {.writer = UINT32_MAX};
+    kvi_producer_call(p, nw - 1, record_call, &r);
+    assert_int_equal(r.writer, nw - 1);
+    assert_true(pthread_equal(r.thr, thr[nw - 1]));
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
+/* kvi_producer_dump: every partition emitted once, on its own writer, never
+ * concurrently; the union equals a direct dump of the same ops. */
+static void test_dump_matches_direct(void **state)
+{
+    const uint32_t nw = 3, ni = 9;
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(nw, 0);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(nw, ni), *ref = index_new(nw, ni);
+    struct expect e = {0};
+    uint64_t rng = 7;
+    for (int k = 0; k < 600; k++) {
+        rng = mix64(rng);
+        uint32_t inst = (uint32_t)(rng % ni), rank = (uint32_t)(rng >> 8) % 2, c = (uint32_t)(rng >> 16) % NCHAIN;
+        uint32_t start = (uint32_t)(rng >> 24) % 6, len = 1 + (uint32_t)(rng >> 32) % 8;
+        enum kvi_tier tier = (rng >> 40) % 5 == 0 ? KVI_TIER_CPU : KVI_TIER_GPU;
+        switch ((rng >> 48) % 8) {
+        case 0:
+        case 1: {
+            uint32_t pos = (uint32_t)(rng >> 56) % CHAIN_LEN;
+            mirror_submit(p, ref, &e, op_remove(ix, inst, rank, tier, c, &pos, 1));
+            break;
+        }
+        default:
+            mirror_submit(p, ref, &e, op_store(ix, inst, rank, tier, c, start, len, (rng >> 60) & 1));
+            break;
+        }
+    }
+    kvi_producer_flush(p);
+    /* writer threads, to check where each partition is emitted */
+    pthread_t thr[3];
+    for (uint32_t w = 0; w < nw; w++) {
+        struct call_rec r = {0};
+        kvi_producer_call(p, w, record_call, &r);
+        thr[w] = r.thr;
+    }
+    struct snap got = {0}, want = {0};
+    kvi_producer_dump(p, ix, snap_emit, &got);
+    snap_direct(ref, &want);
+    assert_int_equal(got.overlap, 0);
+    assert_true(want.n > 100); /* the stream leaves a sizeable index */
+    uint64_t per_part[3] = {0}, want_part[3] = {0};
+    uint32_t last = 0;
+    for (size_t i = 0; i < got.n; i++) {
+        uint32_t part = kvi_index_partition_of(ix, got.r[i].inst);
+        assert_true(part >= last); /* partitions one after the other: each once */
+        last = part;
+        per_part[part]++;
+        assert_true(pthread_equal(got.thr[i], thr[part]));
+    }
+    for (size_t i = 0; i < want.n; i++)
+        want_part[kvi_index_partition_of(ref, want.r[i].inst)]++;
+    for (uint32_t w = 0; w < nw; w++) {
+        assert_true(want_part[w] > 0);
+        assert_int_equal(per_part[w], want_part[w]);
+    }
+    snap_assert_equal(&got, &want);
+    snap_free(&got);
+    snap_free(&want);
+    assert_queries_equal(ix, ref);
+    assert_stats_match(pool, &(struct expect){
+                                 .ops = e.ops + nw + nw, /* + the record calls and the dump calls */
+                                 .outcomes = {e.outcomes[0] + nw + nw, e.outcomes[1], e.outcomes[2]},
+                                 .blocks = e.blocks,
+                                 .hashes = e.hashes,
+                             });
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+    kvi_index_destroy(ref);
+}
+
+/* A dump of an empty index emits nothing. */
+static void test_dump_empty(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(NW, 4);
+    struct snap got = {0};
+    kvi_producer_dump(p, ix, snap_emit, &got);
+    assert_int_equal(got.n, 0);
+    snap_free(&got);
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
+/* ---- tests: backpressure and statistics --------------------------------------- */
+
+/* Rings of 2 ops, thousands of ops in singles and bursts of up to 100: none
+ * is lost, outcomes are counted, producers stall. */
+static void test_backpressure(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 2);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    enum { NI = 4, TOTAL = 6000 };
+    struct kvi_index *ix = index_new(NW, NI), *ref = index_new(NW, NI);
+    struct expect e = {0};
+    uint64_t rng = 99;
+    uint32_t next_pos[NI] = {0};
+    struct kvi_op *burst[100];
+    size_t submitted = 0;
+    while (submitted < TOTAL) {
+        rng = mix64(rng);
+        size_t bn = (rng & 3) == 0 ? 1 : 1 + (size_t)(rng >> 8) % KVI_ARRAY_LEN(burst);
+        if (bn > TOTAL - submitted)
+            bn = TOTAL - submitted;
+        for (size_t k = 0; k < bn; k++) {
+            rng = mix64(rng);
+            uint32_t inst = (uint32_t)(rng % NI);
+            uint32_t kind = (uint32_t)(rng >> 8) % 16;
+            struct kvi_op *op;
+            if (kind < 9) { /* extend the chain: applied */
+                op = op_store(ix, inst, 0, KVI_TIER_GPU, 4, next_pos[inst], 1, false);
+                next_pos[inst] = (next_pos[inst] + 1) % CHAIN_LEN;
+            } else if (kind < 11) {
+                op = op_store_orphan(ix, inst, 0, 5, 3, 2);
+            } else if (kind < 13) {
+                op = op_store_dup(ix, inst, 0, 5, 3);
+            } else if (kind < 15) {
+                uint32_t pos[3] = {(uint32_t)(rng >> 16) % CHAIN_LEN, 1, 2};
+                op = op_remove(ix, inst, 0, KVI_TIER_GPU, 4, pos, 3);
+                next_pos[inst] = 0; /* block 1 and its descendants are gone: restart */
+            } else {
+                op = op_simple(ix, KVI_OP_CLEAR, inst, 0);
+                next_pos[inst] = 0;
+            }
+            burst[k] = op;
+        }
+        if (bn == 1)
+            mirror_submit(p, ref, &e, burst[0]);
+        else
+            mirror_submit_burst(p, ref, &e, burst, bn);
+        submitted += bn;
+    }
+    kvi_producer_flush(p);
+    assert_int_equal(e.ops, TOTAL);
+    /* every outcome kind occurs (the stream really exercises them) */
+    assert_true(e.outcomes[KVI_OUT_APPLIED] > 1000);
+    assert_true(e.outcomes[KVI_OUT_PARENT_NOT_FOUND] > 100);
+    assert_true(e.outcomes[KVI_OUT_INVALID] > 100);
+    assert_stats_match(pool, &e);
+    struct kvi_writer_stats s;
+    stats_sum(pool, &s);
+    assert_true(s.stalls > 0); /* bursts larger than a ring must wait */
+    assert_same_state(p, ix, ref, NI);
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+    kvi_index_destroy(ref);
+}
+
+/* Exact counters on a small known stream, per writer. */
+static void test_writer_stats(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(pool);
+    struct kvi_writer_stats st;
+    for (uint32_t w = 0; w < NW; w++) {
+        kvi_writer_stats(pool, w, &st);
+        assert_int_equal(st.ops, 0);
+        assert_int_equal(st.queued, 0);
+        assert_int_equal(st.blocks_stored, 0);
+        assert_int_equal(st.stalls, 0);
+    }
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(NW, 2); /* instance 0: writer 0, instance 1: writer 1 */
+    /* writer 0: three stores of 4 + 5 + 6 blocks, one rejected (unknown parent) */
+    kvi_producer_submit(p, op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, 4, false));
+    kvi_producer_submit(p, op_store(ix, 0, 0, KVI_TIER_GPU, 0, 4, 5, false));
+    kvi_producer_submit(p, op_store_orphan(ix, 0, 0, 1, 10, 6));
+    /* writer 1: a store of 8, removes of 2 + 3 hashes (one unknown), a clear */
+    kvi_producer_submit(p, op_store(ix, 1, 0, KVI_TIER_GPU, 0, 0, 8, false));
+    uint32_t r1[2] = {7, 6}, r2[3] = {5, 23, 22};
+    kvi_producer_submit(p, op_remove(ix, 1, 0, KVI_TIER_GPU, 0, r1, 2));
+    kvi_producer_submit(p, op_remove(ix, 1, 0, KVI_TIER_GPU, 0, r2, 3));
+    kvi_producer_submit(p, op_simple(ix, KVI_OP_CLEAR, 1, 0));
+    kvi_producer_flush(p);
+
+    kvi_writer_stats(pool, 0, &st);
+    assert_int_equal(st.ops, 3);
+    assert_int_equal(st.outcomes[KVI_OUT_APPLIED], 2);
+    assert_int_equal(st.outcomes[KVI_OUT_PARENT_NOT_FOUND], 1);
+    assert_int_equal(st.outcomes[KVI_OUT_INVALID], 0);
+    assert_int_equal(st.blocks_stored, 15); /* blocks of every store op the writer applied */
+    assert_int_equal(st.hashes_removed, 0);
+    assert_int_equal(st.queued, 0);
+    assert_true(st.max_lag_ns >= st.last_lag_ns);
+    assert_int_equal(kvi_index_tree_size(ix, 0, 0), 9);
+
+    kvi_writer_stats(pool, 1, &st);
+    assert_int_equal(st.ops, 4);
+    assert_int_equal(st.outcomes[KVI_OUT_APPLIED], 4);
+    assert_int_equal(st.blocks_stored, 8);
+    assert_int_equal(st.hashes_removed, 5);
+    assert_int_equal(st.queued, 0);
+    assert_int_equal(kvi_index_tree_size(ix, 1, 0), 0);
+
+    /* a call counts as one applied op of its writer */
+    atomic_uint calls[NW] = {0};
+    kvi_producer_call(p, 1, count_call, calls);
+    assert_int_equal(atomic_load(&calls[1]), 1);
+    kvi_writer_stats(pool, 1, &st);
+    assert_int_equal(st.ops, 5);
+    assert_int_equal(st.outcomes[KVI_OUT_APPLIED], 5);
+    kvi_writer_stats(pool, 0, &st);
+    assert_int_equal(st.ops, 3);
+
+    /* an op of an unknown type is counted invalid (and freed) */
+    struct kvi_op *bad = op_simple(ix, KVI_OP_CLEAR, 0, 0);
+    bad->type = 200;
+    kvi_producer_submit(p, bad);
+    kvi_producer_flush(p);
+    kvi_writer_stats(pool, 0, &st);
+    assert_int_equal(st.ops, 4);
+    assert_int_equal(st.outcomes[KVI_OUT_INVALID], 1);
+
+    /* an allocated op that is never submitted */
+    kvi_op_free(op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, 3, true));
+
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
+struct blocker {
+    struct kvi_writer_pool *pool;
+    uint32_t w;
+    atomic_int started;
+    atomic_int release;
+};
+
+static void block_fn(void *arg, uint32_t writer)
+{
+    struct blocker *b = arg;
+    atomic_store(&b->started, 1);
+    while (!atomic_load(&b->release))
+        usleep(100);
+}
+
+static void *blocker_main(void *arg)
+{
+    struct blocker *b = arg;
+    struct kvi_producer *p = kvi_producer_create(b->pool);
+    if (p == NULL)
+        abort();
+    kvi_producer_call(p, b->w, block_fn, b);
+    kvi_producer_destroy(p);
+    return NULL;
+}
+
+/* While writer 0 is stuck in a call from another producer: the ops queued
+ * for it are counted in `queued`, and writer 1 keeps applying ops. */
+static void test_queued_while_writer_busy(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(pool);
+    struct kvi_index *ix = index_new(NW, 2);
+    struct blocker b = {.pool = pool, .w = 0};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, blocker_main, &b), 0);
+    while (!atomic_load(&b.started))
+        usleep(100);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    for (uint32_t pos = 0; pos < 5; pos++)
+        kvi_producer_submit(p, op_store(ix, 0, 0, KVI_TIER_GPU, 0, pos, 1, false));
+    for (uint32_t pos = 0; pos < 7; pos++)
+        kvi_producer_submit(p, op_store(ix, 1, 0, KVI_TIER_GPU, 0, pos, 1, false));
+    struct kvi_writer_stats st;
+    for (int i = 0; i < 20000; i++) { /* writer 1 is not held up by writer 0 */
+        kvi_writer_stats(pool, 1, &st);
+        if (st.ops == 7)
+            break;
+        usleep(100);
+    }
+    assert_int_equal(st.ops, 7);
+    assert_int_equal(st.queued, 0);
+    kvi_writer_stats(pool, 0, &st);
+    assert_int_equal(st.queued, 6); /* the running call + 5 stores */
+    assert_int_equal(st.ops, 0);
+    atomic_store(&b.release, 1);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    kvi_producer_flush(p);
+    kvi_writer_stats(pool, 0, &st);
+    assert_int_equal(st.queued, 0);
+    assert_int_equal(st.ops, 6);
+    assert_int_equal(kvi_index_tree_size(ix, 0, 0), 5);
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
+/* Idle writers go to sleep and a plain submit (no flush) wakes them
+ * promptly: a lost wake-up would show as a ~100 ms delay (the futex
+ * timeout) on every trial. */
+static void test_sleep_and_wake(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(NW, 2);
+    enum { TRIALS = 20 };
+    int slow = 0;
+    struct kvi_writer_stats st;
+    for (uint32_t trial = 0; trial < TRIALS; trial++) {
+        uint32_t w = trial % NW;
+        usleep(20000); /* let the writers go idle and sleep */
+        kvi_writer_stats(pool, w, &st);
+        uint64_t before = st.ops;
+        uint64_t t0 = kvi_now_ns();
+        kvi_producer_submit(p, op_store(ix, w, 0, KVI_TIER_GPU, 0, trial / NW, 1, false));
+        for (;;) {
+            kvi_writer_stats(pool, w, &st);
+            if (st.ops > before)
+                break;
+            usleep(50);
+        }
+        if (kvi_now_ns() - t0 > 50u * 1000 * 1000)
+            slow++;
+    }
+    kvi_producer_flush(p);
+    struct kvi_writer_stats sum;
+    stats_sum(pool, &sum);
+    assert_true(sum.sleeps > 0);
+    if (slow > 0)
+        fprintf(stderr, "%d of %d wake-ups took more than 50 ms\n", slow, TRIALS);
+    assert_true(slow <= TRIALS / 4);
+    assert_int_equal(kvi_index_tree_size(ix, 0, 0), TRIALS / NW);
+    assert_int_equal(kvi_index_tree_size(ix, 1, 0), TRIALS / NW);
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
+/* ---- tests: teardown ---------------------------------------------------------- */
+
+/* forget_index reclaims the index's retired memory on every writer and drops
+ * it from their dirty lists, so it can be destroyed while the pool goes on
+ * (ASan/LSan: no leak, no use after free when the writers idle afterwards). */
+static void test_forget_index_then_destroy(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    for (int round = 0; round < 6; round++) {
+        struct kvi_index *ix = index_new(NW, 6), *ref = index_new(NW, 6);
+        uint64_t rng = (uint64_t)round + 1000;
+        /* shared prefixes (multi-member entries), renames, cascades, clears:
+         * lots of retired memory */
+        for (int k = 0; k < 400; k++) {
+            rng = mix64(rng);
+            uint32_t inst = (uint32_t)(rng % 6), c = (uint32_t)(rng >> 8) % NCHAIN;
+            switch ((rng >> 16) % 5) {
+            case 0:
+                mirror_submit(p, ref, NULL, op_remove1(ix, inst, 0, c, (uint32_t)(rng >> 24) % 4));
+                break;
+            case 1:
+                if ((rng >> 32) % 8 == 0) {
+                    mirror_submit(p, ref, NULL, op_simple(ix, KVI_OP_REMOVE_INSTANCE, inst, 0));
+                    break;
+                }
+                mirror_submit(p, ref, NULL, op_simple(ix, KVI_OP_CLEAR, inst, 0));
+                break;
+            default:
+                mirror_submit(p, ref, NULL, op_store(ix, inst, (uint32_t)(rng >> 40) % 2, KVI_TIER_GPU, c, 0,
+                                                     1 + (uint32_t)(rng >> 24) % CHAIN_LEN, false));
+                break;
+            }
+        }
+        kvi_producer_flush(p);
+        assert_same_state(p, ix, ref, 6);
+        kvi_producer_forget_index(p, ix);
+        for (uint32_t part = 0; part < NW; part++) { /* reclaimed (read after the calls: ordered) */
+            assert_int_equal(ix->parts[part].n_retired, 0);
+            assert_int_equal(ix->parts[part].n_pending, 0);
+        }
+        kvi_index_destroy(ix);
+        kvi_index_destroy(ref);
+        usleep(2000); /* writers go idle with the index gone */
+    }
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+}
+
+/* Forget and destroy an index while the writers still have a deep backlog
+ * of ops for another index, so they do not go idle in between: the forgotten
+ * index must be off their dirty lists by then, or their next idle-time
+ * reclaim touches freed memory (ASan). */
+static void test_forget_index_while_busy(void **state)
+{
+    enum { BACKLOG = 40000 }; /* ops per writer: tens of ms of work */
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 2 * BACKLOG);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(NW, 4), *other = index_new(NW, 2);
+    /* hold both writers; queue ops that dirty ix (with retired memory) and
+     * the backlog behind them; release them */
+    struct blocker b[NW];
+    pthread_t t[NW];
+    for (uint32_t w = 0; w < NW; w++) {
+        b[w] = (struct blocker){.pool = pool, .w = w};
+        assert_int_equal(pthread_create(&t[w], NULL, blocker_main, &b[w]), 0);
+        while (!atomic_load(&b[w].started))
+            usleep(100);
+    }
+    for (uint32_t i = 0; i < 4; i++)
+        for (uint32_t c = 0; c < NCHAIN; c++) {
+            kvi_producer_submit(p, op_store(ix, i, 0, KVI_TIER_GPU, c, 0, CHAIN_LEN, false));
+            kvi_producer_submit(p, op_remove1(ix, i, 0, c, 1));
+        }
+    struct kvi_producer *q = kvi_producer_create(pool);
+    assert_non_null(q);
+    for (uint32_t k = 0; k < BACKLOG; k++)
+        for (uint32_t inst = 0; inst < 2; inst++) {
+            uint32_t pos = k % CHAIN_LEN;
+            if (pos == 0 && k > 0)
+                kvi_producer_submit(q, op_simple(other, KVI_OP_CLEAR, inst, 0));
+            kvi_producer_submit(q, op_store(other, inst, 0, KVI_TIER_GPU, 6, pos, 1, false));
+        }
+    for (uint32_t w = 0; w < NW; w++)
+        atomic_store(&b[w].release, 1);
+    kvi_producer_forget_index(p, ix);
+    struct kvi_writer_stats st;
+    kvi_writer_stats(pool, 0, &st);
+    if (st.queued == 0)
+        fprintf(stderr, "note: the backlog drained before the index was destroyed\n");
+    kvi_index_destroy(ix); /* while the writers work through the backlog */
+    for (uint32_t w = 0; w < NW; w++)
+        assert_int_equal(pthread_join(t[w], NULL), 0);
+    kvi_producer_flush(q);
+    usleep(5000); /* writers go idle and reclaim whatever is on their dirty lists */
+    assert_int_equal(kvi_index_tree_size(other, 0, 0), (BACKLOG - 1) % CHAIN_LEN + 1);
+    assert_int_equal(kvi_index_tree_size(other, 1, 0), (BACKLOG - 1) % CHAIN_LEN + 1);
+    kvi_producer_forget_index(q, other);
+    kvi_producer_destroy(q);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(other);
+}
+
+/* Ops submitted without a flush are applied before kvi_producer_destroy
+ * returns, and the pool shuts down cleanly after it. */
+static void test_pool_destroy_drains(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 16);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    enum { NI = 4 };
+    struct kvi_index *ix = index_new(NW, NI), *ref = index_new(NW, NI);
+    struct expect e = {0};
+    struct kvi_op *ops[40];
+    for (int k = 0; k < 50; k++) {
+        size_t n = 0;
+        for (uint32_t i = 0; i < NI; i++)
+            for (uint32_t pos = 0; pos < 10; pos++)
+                ops[n++] = op_store(ix, i, (uint32_t)k % 3, KVI_TIER_GPU, ((uint32_t)k + i) % NCHAIN, pos, 1,
+                                    false);
+        mirror_submit_burst(p, ref, &e, ops, n);
+        mirror_submit(p, ref, &e, op_remove1(ix, (uint32_t)k % NI, (uint32_t)k % 3, ((uint32_t)k + 1) % NCHAIN, 5));
+    }
+    kvi_producer_destroy(p); /* no flush before: destroy flushes */
+    assert_stats_match(pool, &e);
+    kvi_writer_pool_destroy(pool);
+    /* writers are gone: this thread may dump the partitions itself */
+    struct snap got = {0}, want = {0};
+    snap_direct(ix, &got);
+    snap_direct(ref, &want);
+    snap_assert_equal(&got, &want);
+    snap_free(&got);
+    snap_free(&want);
+    assert_queries_equal(ix, ref);
+    assert_index_stats_equal(ix, ref);
+    kvi_index_destroy(ix);
+    kvi_index_destroy(ref);
+}
+
+int main(void)
+{
+    corpus_init();
+    kvi_rcu_register_thread();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool_create_errors),
+        cmocka_unit_test(test_pool_max_writers),
+        cmocka_unit_test(test_pool_create_rejects_bad_ring_capacity),
+        cmocka_unit_test(test_producer_slot_reuse),
+        cmocka_unit_test(test_ordered_ops_single),
+        cmocka_unit_test(test_ordered_ops_burst),
+        cmocka_unit_test(test_ordered_rounds),
+        cmocka_unit_test(test_flush_visibility),
+        cmocka_unit_test(test_call_runs_on_writer),
+        cmocka_unit_test(test_dump_matches_direct),
+        cmocka_unit_test(test_dump_empty),
+        cmocka_unit_test(test_backpressure),
+        cmocka_unit_test(test_writer_stats),
+        cmocka_unit_test(test_queued_while_writer_busy),
+        cmocka_unit_test(test_sleep_and_wake),
+        cmocka_unit_test(test_forget_index_then_destroy),
+        cmocka_unit_test(test_forget_index_while_busy),
+        cmocka_unit_test(test_pool_destroy_drains),
+    };
+    int r = cmocka_run_group_tests(tests, NULL, NULL);
+    kvi_rcu_unregister_thread();
+    return r;
+}
