@@ -98,7 +98,7 @@ struct kvi_index_config {
 };
 
 /** Default jump size (see README "Jump size" for the measurement). */
-#define KVI_DEFAULT_JUMP 64
+#define KVI_DEFAULT_JUMP 256
 
 /** A block of a stored event. */
 struct kvi_block {
