@@ -1028,13 +1028,15 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     /* an engine hash renamed to another prefix drops its old holding with
      * its descendants; when that would drop the run's own parent chain the
      * run is rejected before anything changes */
-    if (parent_in_slot) {
+    if (prev != KVI_NONE) {
         for (size_t i = 0; i < n; i++) {
             uint32_t have = map_find(ix, p, s, b[i].engine_hash);
             if (have == KVI_NONE || kvi__entry(p, have)->seq == rs[i])
                 continue;
+            /* would the cascade from `have` reach the run's parent? it follows
+             * links between blocks this slot holds (not positional roots) */
             uint32_t x = prev;
-            while (x != KVI_NONE && kvi__entry(p, x)->pos > kvi__entry(p, have)->pos)
+            while (x != KVI_NONE && x != have && has_member(kvi__entry(p, x), sid))
                 x = kvi__entry(p, x)->parent;
             if (x == have) {
                 counter_add(&p->invalid_events, 1);
@@ -1330,6 +1332,14 @@ void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn e
             }
             if (total == 0)
                 continue;
+            /* tier order, so that a parent held on several tiers is always
+             * named by the same (lowest-tier) slot, whatever the slot history */
+            for (uint32_t x = 1; x < nrs; x++)
+                for (uint32_t y = x; y > 0 && kvi__slot(ix, rs[y - 1])->tier > kvi__slot(ix, rs[y])->tier; y--) {
+                    uint32_t t2 = rs[y];
+                    rs[y] = rs[y - 1];
+                    rs[y - 1] = t2;
+                }
             /* (pos << 34 | tier << 32 | entry) */
             uint64_t *hold = kvi_xmalloc(total * sizeof(uint64_t));
             size_t m = 0;
