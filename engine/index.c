@@ -1656,22 +1656,44 @@ static bool tier_usable(const struct kvi_index *ix, const struct kvi_slot *const
     return false;
 }
 
+/* Keys of a query given by content (prefix keys, or seq hashes once the index
+ * holds seq-only placements) or by seq hashes. */
+static const uint64_t *query_keys(const struct kvi_index *ix, struct qscratch *q, const uint64_t *content,
+                                  const uint64_t *seq, size_t n, enum tab_kind *kind)
+{
+    *kind = TAB_SEQ;
+    if (content == NULL)
+        return seq;
+    uint64_t *k = qs_keys(q, n);
+    if (atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire)) {
+        kvi_seq_hashes(content, n, k);
+    } else {
+        kvi_index_prefix_keys(ix, content, n, k);
+        *kind = TAB_KEY;
+    }
+    return k;
+}
+
+/* Live lower-tier slots of shared pools (at most cap). */
+static size_t collect_shared(const struct kvi_index *ix, const struct kvi_slot **out, size_t cap)
+{
+    uint32_t n_ids = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire);
+    size_t n = 0;
+    for (uint32_t id = 1; id < n_ids && n < cap; id++) {
+        const struct kvi_slot *s = kvi__slot(ix, id);
+        if (s != NULL && atomic_load_explicit(&((struct kvi_slot *)s)->live, memory_order_acquire) && s->shared &&
+            s->tier != KVI_TIER_GPU)
+            out[n++] = s;
+    }
+    return n;
+}
+
 size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content, const uint64_t *seq, size_t n,
                              struct kvi_tier_match *out, size_t cap)
 {
     struct qscratch *q = qs_get();
-    const uint64_t *keys = seq;
-    enum tab_kind kind = TAB_SEQ;
-    if (content != NULL) {
-        uint64_t *k = qs_keys(q, n);
-        if (atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire)) {
-            kvi_seq_hashes(content, n, k);
-        } else {
-            kvi_index_prefix_keys(ix, content, n, k);
-            kind = TAB_KEY;
-        }
-        keys = k;
-    }
+    enum tab_kind kind;
+    const uint64_t *keys = query_keys(ix, q, content, seq, n, &kind);
     if (n == 0)
         return 0;
     /* gpu matches into the scratch buffer */
@@ -1697,15 +1719,8 @@ size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content
         return count;
     }
     /* lower tiers: walk every non-shared (instance, dp_rank) that has slots */
-    uint32_t n_ids = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire);
     const struct kvi_slot *shared[64];
-    size_t n_shared = 0;
-    for (uint32_t id = 1; id < n_ids; id++) {
-        const struct kvi_slot *s = kvi__slot(ix, id);
-        if (s != NULL && atomic_load_explicit(&((struct kvi_slot *)s)->live, memory_order_acquire) && s->shared &&
-            s->tier != KVI_TIER_GPU && n_shared < KVI_ARRAY_LEN(shared))
-            shared[n_shared++] = s;
-    }
+    size_t n_shared = collect_shared(ix, shared, KVI_ARRAY_LEN(shared));
     uint32_t ni = atomic_load_explicit(&((struct kvi_index *)ix)->n_instances, memory_order_acquire);
     for (uint32_t ii = 0; ii < ni; ii++) {
         const struct kvi_instance *in = inst_get(ix, ii);
@@ -1767,27 +1782,10 @@ void kvi_index_pool_depths(const struct kvi_index *ix, const uint64_t *content, 
     if (n == 0 || !atomic_load_explicit(&((struct kvi_index *)ix)->has_shared, memory_order_acquire))
         return;
     struct qscratch *q = qs_get();
-    const uint64_t *keys = seq;
-    enum tab_kind kind = TAB_SEQ;
-    if (content != NULL) {
-        uint64_t *k = qs_keys(q, n);
-        if (atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire)) {
-            kvi_seq_hashes(content, n, k);
-        } else {
-            kvi_index_prefix_keys(ix, content, n, k);
-            kind = TAB_KEY;
-        }
-        keys = k;
-    }
-    uint32_t n_ids = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire);
+    enum tab_kind kind;
+    const uint64_t *keys = query_keys(ix, q, content, seq, n, &kind);
     const struct kvi_slot *shared[64];
-    size_t n_shared = 0;
-    for (uint32_t id = 1; id < n_ids; id++) {
-        const struct kvi_slot *s = kvi__slot(ix, id);
-        if (s != NULL && atomic_load_explicit(&((struct kvi_slot *)s)->live, memory_order_acquire) && s->shared &&
-            s->tier != KVI_TIER_GPU && n_shared < KVI_ARRAY_LEN(shared))
-            shared[n_shared++] = s;
-    }
+    size_t n_shared = collect_shared(ix, shared, KVI_ARRAY_LEN(shared));
     uint32_t t = 0;
     while (t < n && tier_usable(ix, NULL, 0, shared, n_shared, false, keys, kind, (uint32_t)t))
         t++;
