@@ -717,7 +717,8 @@ static uint32_t slot_create(struct kvi_index *ix, uint32_t instance, uint32_t ra
                                   memory_order_release);
         atomic_store_explicit(&ix->n_slot_ids, id + 1, memory_order_release);
     }
-    pthread_mutex_unlock(&ix->slot_lock);
+    /* initialise under the lock: a recycled id may have been used by
+     * another writer, and the lock orders its accesses before ours */
     struct kvi_slot *s = kvi__slot(ix, id);
     s->id = id;
     s->instance = instance;
@@ -727,6 +728,7 @@ static uint32_t slot_create(struct kvi_index *ix, uint32_t instance, uint32_t ra
     atomic_store_explicit(&s->n_blocks, 0, memory_order_relaxed);
     atomic_store_explicit(&s->map.t, NULL, memory_order_relaxed);
     atomic_store_explicit(&s->live, true, memory_order_release);
+    pthread_mutex_unlock(&ix->slot_lock);
     if (tier != KVI_TIER_GPU)
         atomic_store_explicit(&ix->has_lower_tiers, true, memory_order_release);
     if (in->shared)
