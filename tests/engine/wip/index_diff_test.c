@@ -913,11 +913,15 @@ static void test_lower_tier_rename_keeps_unreached_parent(void **state)
 
 /*
  * A lower-tier run placed by position (store_seq, no parent) whose second block
- * re-uses the engine hash of a block above it: the rename's cascade (a, then b
- * and the just placed c, all held by the cpu) would drop the run's own chain,
- * so the store must be rejected with the index unchanged. (Found: -EINVAL
- * after the cpu lost a, b and c: the up-front check runs only for runs whose
- * parent the slot holds.)
+ * re-uses the engine hash of the cpu's block a, two positions above the placed
+ * c. Whatever the rule for positional roots, the outcome must be all or
+ * nothing: either the rename's cascade stops at c (a positional root; see
+ * test_placed_block_removal_independent_of_others) and the store succeeds —
+ * the cpu then holds c and the renamed block under it — or it would reach c
+ * and the store is rejected with the index unchanged. (Found: -EINVAL after
+ * the cpu had lost a, b and c: the up-front check ran only for runs with a
+ * parent, and the cascade entered c because the gpu's store had linked c's
+ * entry under b.)
  */
 static void test_placed_run_rejected_rename_leaves_index_unchanged(void **state)
 {
@@ -931,13 +935,23 @@ static void test_placed_run_rejected_rename_leaves_index_unchanged(void **state)
     assert_int_equal(kvi_index_store(ix, 0, 0, KVI_TIER_GPU, false, 0, g, 3), 0);
     assert_int_equal(kvi_index_store(ix, 0, 0, KVI_TIER_CPU, false, 0, c, 2), 0);
     int rc = kvi_index_store_seq(ix, 0, 0, KVI_TIER_CPU, false, 0, 2, run, &seq[2], 2);
+    assert_true(rc == 0 || rc == -EINVAL);
     struct kd_set *d = pinned_set(0);
     dump_simple(ix, d);
-    uint32_t cpu = 0;
-    for (uint32_t i = 0; i < d->n; i++)
-        cpu += d->r[i].tier == KVI_TIER_CPU;
-    if (rc == -EINVAL)
-        assert_int_equal(cpu, 2); /* fails: 0 */
+    uint32_t cpu = 0, expected = 0;
+    for (uint32_t i = 0; i < d->n; i++) {
+        const struct kvi_dump_block *r = &d->r[i];
+        if (r->tier != KVI_TIER_CPU)
+            continue;
+        cpu++;
+        if (rc == 0) /* c placed (no parent), the renamed 0xb1 under it */
+            expected += (r->engine_hash == 0xb3 && r->position == 2 && !r->has_parent) ||
+                        (r->engine_hash == 0xb1 && r->position == 3 && r->has_parent && r->parent_engine_hash == 0xb3);
+        else /* unchanged: a and b */
+            expected += (r->engine_hash == 0xb1 && r->position == 0) || (r->engine_hash == 0xb2 && r->position == 1);
+    }
+    assert_int_equal(cpu, 2); /* fails: 0 (rc -EINVAL) */
+    assert_int_equal(expected, 2);
     kd_free(d);
     pinned_destroy(ix);
 }

@@ -26,8 +26,10 @@
  *     - Remove: the block and its descendants the slot reaches through blocks
  *       it holds itself (every held block whose prefix extends the removed
  *       one with all prefixes in between held by the slot; on the gpu tier,
- *       ancestor-closed, that is every descendant). A store that would remove
- *       its own parent chain that way is rejected whole (-EINVAL, unchanged).
+ *       ancestor-closed, that is every descendant), never entering a block
+ *       placed by position (see KM_CASCADE_INTO_ROOTS). A store that would
+ *       remove its own parent chain that way is rejected whole (-EINVAL,
+ *       unchanged).
  *     - gpu score of a slot for q = the largest k such that the slot holds
  *       the prefixes q[0..i] for every i < k; tree size = blocks of the gpu slot.
  *   Counters mirror struct kvi_index_stats (exact in a quiescent state).
@@ -431,21 +433,36 @@ static inline void km_block_drop(struct km_model *m, struct km_slot *s, uint32_t
 #ifndef KM_CASCADE_THROUGH_HOLES
 #define KM_CASCADE_THROUGH_HOLES 0
 #endif
-/* 1: a block placed by position (no parent named) is a descendant like any
- * other (its identity is its whole prefix); 0: a positional root is never
- * taken along by the removal of a block above it. */
+/*
+ * Blocks placed by position (store_seq without parent: "positional roots").
+ * 0: a cascade from above never enters one: a positional root, and what hangs
+ *    below it, goes only when it is removed itself (or cleared). This is the
+ *    rule the index can implement whatever happened before: it cannot tell
+ *    which held block a placed block sits under (a seq hash does not give its
+ *    parent's), unless some other store linked the two.
+ * 1: a positional root is a descendant like any other block (its identity is
+ *    its whole prefix), so a cascade enters it when the slot holds the block
+ *    above it.
+ */
 #ifndef KM_CASCADE_INTO_ROOTS
-#define KM_CASCADE_INTO_ROOTS 1
+#define KM_CASCADE_INTO_ROOTS 0
 #endif
 
+static inline bool km_is_root_in_slot(const struct km_slot *s, uint32_t pid)
+{
+    return !KM_CASCADE_INTO_ROOTS && km_map_get(&s->roots, pid, NULL);
+}
+
+/* Is block id of slot s taken along when the slot's block anc is removed? */
 static inline bool km_is_descendant_in_slot(const struct km_model *m, const struct km_slot *s, uint32_t anc,
                                             uint32_t id)
 {
-    if (!KM_CASCADE_THROUGH_HOLES)
-        for (uint32_t p = m->pf[id].parent; p != anc && p != KM_ROOT; p = m->pf[p].parent)
-            if (!km_holds(s, p))
-                return false;
-    return km_is_ancestor(m, anc, id);
+    if (!km_is_ancestor(m, anc, id) || km_is_root_in_slot(s, id))
+        return false;
+    for (uint32_t p = m->pf[id].parent; p != anc; p = m->pf[p].parent)
+        if ((!KM_CASCADE_THROUGH_HOLES && !km_holds(s, p)) || km_is_root_in_slot(s, p))
+            return false;
+    return true;
 }
 
 /* Remove the slot's block `pid` and its descendants held by the slot. */
@@ -455,8 +472,7 @@ static inline void km_remove_cascade(struct km_model *m, struct km_slot *s, uint
     for (uint32_t i = 0; i < s->by_pid.cap; i++)
         if (s->by_pid.used[i]) {
             uint32_t b = (uint32_t)s->by_pid.k[i];
-            if (b == pid || (km_is_descendant_in_slot(m, s, pid, b) &&
-                             (KM_CASCADE_INTO_ROOTS || !km_map_get(&s->roots, b, NULL))))
+            if (b == pid || km_is_descendant_in_slot(m, s, pid, b))
                 victims[n++] = b;
         }
     for (uint32_t i = 0; i < n; i++)

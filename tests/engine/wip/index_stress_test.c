@@ -44,6 +44,13 @@
  *   meanwhile), and dumps its partition (a consistent snapshot: it is the
  *   only mutator) against its model.
  *
+ *   Halfway through, writer 0 places two cpu blocks by position and seq hash
+ *   (store_seq without parent) on an instance nothing else touches: from then
+ *   on content queries go through the seq table (index.c: has_seq_only), so
+ *   readers cross that switch and both query paths run under churn. (Other
+ *   placements are left to index_diff_test: how removals treat blocks placed
+ *   below held ones is a semantic question, not a concurrency one.)
+ *
  *   Two reader threads query without pause, each query in its own read-side
  *   section, by content and by seq, and check what must hold under any
  *   interleaving: 1 <= depth <= query length; every slot a gpu slot of a known
@@ -60,6 +67,7 @@
 
 #define N_PARTS 2u
 #define N_INST 48u
+#define PLACER_INST 2u /* partition 0: only the mid-run store_seq placement */
 #define N_RANKS 2u
 #define N_DOCS 40u
 #define STABLE_DOCS 10u
@@ -123,6 +131,7 @@ struct writer {
     struct kw_op *log;
     uint32_t n_log, cap_log;
     uint64_t n_queries, n_dumps, n_reclaims;
+    uint32_t placed_at; /* op number of the mid-run placement (writer 0) */
     struct notes bad;
 };
 
@@ -207,6 +216,34 @@ static void writer_dump(struct writer *w)
     kd_free(&exp);
 }
 
+/* Writer 0, halfway: place two blocks of a long doc on PLACER_INST's cpu tier
+ * by position and seq hash alone. */
+static void writer_place(struct writer *w)
+{
+    struct shared *sh = w->sh;
+    const struct kw_doc *d = &sh->corp.d[sh->corp.n - 1];
+    uint32_t pos = d->len / 2, cur = KM_ROOT;
+    uint64_t above[QMAX], seq[2];
+    struct kvi_block b[2];
+    for (uint32_t i = 0; i < pos + 2; i++) {
+        if (i < pos)
+            above[i] = d->content[i];
+        cur = km_intern(&w->m, cur, d->content[i]);
+        if (i >= pos) {
+            b[i - pos] = (struct kvi_block){kw_name(&w->m, PLACER_INST, 0, cur), d->content[i]};
+            seq[i - pos] = w->m.pf[cur].seq;
+        }
+    }
+    struct kw_op op = {.kind = KW_STORE, .why = "placed", .inst = PLACER_INST, .rank = 0, .tier = KVI_TIER_CPU,
+                       .n = 2, .b = b, .seq = seq, .position = pos, .above = above};
+    long want = kw_apply_model(&w->m, &op);
+    op.rc = kw_apply_index(sh->ix, &op);
+    if (op.rc != want || want != 0)
+        note(&w->bad, "writer %u: mid-run placement returned %ld, model %ld", w->part, op.rc, want);
+    w->placed_at = w->n_log;
+    log_op(w, &op);
+}
+
 static void *writer_main(void *arg)
 {
     struct writer *w = arg;
@@ -223,8 +260,13 @@ static void *writer_main(void *arg)
         log_op(w, &op);
     }
     atomic_fetch_add(&sh->writers_ready, 1);
-    uint64_t i = 0;
+    uint64_t i = 0, mid = sh->deadline - CHURN_NS / 2;
+    bool placed = w->part != 0;
     while (w->n_log < MAX_OPS && (i & 63 || kvi_now_ns() < sh->deadline)) {
+        if (!placed && (i & 63) == 0 && (kvi_now_ns() >= mid || w->n_log >= MAX_OPS / 2)) {
+            writer_place(w);
+            placed = true;
+        }
         struct kw_op op;
         long want;
         kw_gen_next(&w->g, &w->m, &op);
@@ -445,11 +487,12 @@ static void test_stress(void **state)
         w[p].sh = &sh;
         w[p].part = p;
         for (uint32_t i = N_PARTS; i < N_INST; i++)
-            if (kvi_index_partition_of(sh.ix, i) == p)
+            if (kvi_index_partition_of(sh.ix, i) == p && i != PLACER_INST)
                 w[p].inst[w[p].n_inst++] = i;
         km_init(&w[p].m, N_INST);
         kw_gen_init(&w[p].g, km_fmix(0x77 + p), &sh.corp, w[p].inst, w[p].n_inst, N_RANKS, N_INST);
         w[p].g.corners = false; /* semantic corner cases are index_diff_test's: keep this one about concurrency */
+        w[p].g.placements = false;
     }
     uint64_t t0 = kvi_now_ns();
     sh.deadline = t0 + CHURN_NS;
@@ -473,8 +516,11 @@ static void test_stress(void **state)
     uint64_t bad = 0;
     for (uint32_t p = 0; p < N_PARTS; p++) {
         printf("  writer %u: %u ops, %" PRIu64 " own-partition queries, %" PRIu64 " dumps, %" PRIu64
-               " reclaims, %" PRIu64 " problems\n",
+               " reclaims, %" PRIu64 " problems",
                p, w[p].n_log, w[p].n_queries, w[p].n_dumps, w[p].n_reclaims, w[p].bad.count);
+        if (p == 0)
+            printf("; store_seq placement (content queries switch to the seq table) at op %u", w[p].placed_at);
+        printf("\n");
         for (uint64_t i = 0; i < w[p].bad.count && i < MAX_NOTES; i++)
             printf("    %s\n", w[p].bad.text[i]);
         bad += w[p].bad.count;
