@@ -390,6 +390,9 @@ static bool member_is_root(const struct kvi_entry *e, uint32_t slot)
 static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kvi_entry *e, uint32_t slot,
                        uint8_t tier, uint64_t eh, bool root)
 {
+    /* G1: bumped before any release store below, so a reader that observes
+     * this change also observes the bump (pairs with G2 in find_core) */
+    counter_add(&p->wgen, 1);
     struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
     if (ms == NULL && atomic_load_explicit(&e->one, memory_order_relaxed) == KVI_NONE) {
         e->one_eh = eh;
@@ -430,6 +433,7 @@ static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kv
 
 static void member_del(struct kvi_part *p, struct kvi_entry *e, uint32_t slot, uint8_t tier)
 {
+    counter_add(&p->wgen, 1); /* G1, as in member_add */
     if (tier == KVI_TIER_GPU) /* count first: readers never see more gpu members than exist */
         atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) - 1,
                               memory_order_release);
@@ -899,8 +903,8 @@ static void holding_remove_cascade(struct kvi_index *ix, struct kvi_part *p, str
     stack_push(p, &n, idx);
     for (uint32_t k = 0; k < n; k++) {
         for (uint32_t c = kvi__entry(p, p->stack[k])->first_child; c != KVI_NONE; c = kvi__entry(p, c)->next_sibling)
-            if (has_member(kvi__entry(p, c), s->id))
-                stack_push(p, &n, c);
+            if (has_member(kvi__entry(p, c), s->id) && !member_is_root(kvi__entry(p, c), s->id))
+                stack_push(p, &n, c); /* a block placed by position is a root of its slot */
     }
     while (n > 0) {
         uint32_t e_idx = p->stack[--n];
@@ -1038,7 +1042,8 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             /* would the cascade from `have` reach the run's parent? it follows
              * links between blocks this slot holds (not positional roots) */
             uint32_t x = prev;
-            while (x != KVI_NONE && x != have && has_member(kvi__entry(p, x), sid))
+            while (x != KVI_NONE && x != have && has_member(kvi__entry(p, x), sid) &&
+                   !member_is_root(kvi__entry(p, x), sid))
                 x = kvi__entry(p, x)->parent;
             if (x == have) {
                 counter_add(&p->invalid_events, 1);
@@ -1525,6 +1530,49 @@ static void refine(const struct finder *f, uint32_t lo, const struct kvi_entry *
         refine(f, mid, emid, cmid, hi, ehi, chi);
 }
 
+static bool entry_has_gpu(const struct kvi_index *ix, const struct kvi_entry *e, uint32_t s)
+{
+    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire);
+    if (ms == NULL)
+        return (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) & KVI_SLOT_MASK) == s &&
+               kvi__slot(ix, s)->tier == KVI_TIER_GPU;
+    uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++)
+        if (ms->m[i].slot == s)
+            return (ms->m[i].tier & KVI_MEMBER_TIER) == KVI_TIER_GPU;
+    return false;
+}
+
+/* Slow path after concurrent writes: extend each gpu member of e0 from its
+ * assigned depth while it still holds the next position. */
+static void verify_members(const struct finder *f, const struct kvi_entry *e0, uint32_t n)
+{
+    struct qscratch *q = f->q;
+    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e0)->many, memory_order_acquire);
+    uint32_t one = KVI_NONE, m = 1;
+    if (ms == NULL)
+        one = atomic_load_explicit(&((struct kvi_entry *)e0)->one, memory_order_acquire) & KVI_SLOT_MASK;
+    else
+        m = atomic_load_explicit(&ms->n, memory_order_acquire);
+    for (uint32_t i = 0; i < m; i++) {
+        uint32_t s = ms ? ms->m[i].slot : one;
+        if (s == KVI_NONE || s >= f->n_slots || kvi__slot(f->ix, s)->tier != KVI_TIER_GPU)
+            continue;
+        uint32_t d = q->gen[s] == q->cur_gen ? q->depth[s] : 0;
+        while (d < n) {
+            uint32_t cnt;
+            const struct kvi_entry *e = probe(f, d, &cnt);
+            if (e == NULL || !entry_has_gpu(f->ix, e, s))
+                break;
+            d++;
+        }
+        if (d > 0) {
+            q->depth[s] = d;
+            q->gen[s] = q->cur_gen;
+        }
+    }
+}
+
 static size_t emit_part(const struct finder *f, const struct kvi_entry *e0, struct kvi_match *out, size_t cap,
                         size_t count)
 {
@@ -1576,6 +1624,7 @@ static size_t find_core(const struct kvi_index *ix, const uint64_t *keys, size_t
         };
         f.n_slots = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire);
         qs_slots(q, f.n_slots);
+        uint64_t g0 = atomic_load_explicit(&((struct kvi_part *)f.p)->wgen, memory_order_acquire);
         uint32_t c0;
         const struct kvi_entry *e0 = probe(&f, 0, &c0);
         if (c0 == 0)
@@ -1595,6 +1644,10 @@ static size_t find_core(const struct kvi_index *ix, const uint64_t *keys, size_t
         }
         if (ccur > 0)
             assign(&f, ecur, cur + 1);
+        /* G2: counts compared at different moments can hide a drain point
+         * when the partition changed meanwhile; then check every member */
+        if (atomic_load_explicit(&((struct kvi_part *)f.p)->wgen, memory_order_acquire) != g0)
+            verify_members(&f, e0, (uint32_t)n);
         count = emit_part(&f, e0, out, cap, count);
     }
     return count;

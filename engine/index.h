@@ -26,7 +26,11 @@
  *     those reached through blocks the slot itself holds (they are orphaned:
  *     an engine cannot serve a hit past a hole) — so a slot's gpu holdings
  *     are always ancestor-closed. A lower-tier block hanging below another
- *     tier's block is not a descendant of the lower tier's other blocks.
+ *     tier's block is not a descendant of the lower tier's other blocks, and
+ *     a block placed by position (kvi_index_store_seq without a parent) is a
+ *     root of its slot: removals above it never take it along (its parent
+ *     cannot be known from its seq hash, so this is the rule that does not
+ *     depend on what other slots stored).
  *     Re-storing the removed block does not resurrect its descendants.
  *   - A store whose parent engine hash the slot does not know is rejected
  *     (-ENOENT). Lower-tier (cpu/disk/external) stores may name a parent held
@@ -53,7 +57,10 @@
  *   RCU read-side section (engine/rcu.h). Queries take no locks, never wait
  *   for writers and allocate nothing per block (per-thread scratch grows only
  *   when a larger query than ever before arrives). Results are weakly
- *   consistent with concurrent writes: each probe sees a state that existed.
+ *   consistent with concurrent writes: each probe sees a state that existed,
+ *   and when the partition changed during a query every matched slot's depth
+ *   is re-checked position by position (so a slot nobody touched is never
+ *   under-scored).
  *   Freed memory is recycled only after an RCU grace period
  *   (kvi_index_reclaim, called by the partition's writer).
  *
@@ -304,7 +311,7 @@ void kvi_index_pool_depths(const struct kvi_index *ix, const uint64_t *content, 
 /** Facts about a slot. Call inside an RCU read-side section. @return 0/-ENOENT */
 int kvi_index_slot_info(const struct kvi_index *ix, uint32_t slot, struct kvi_slot_info *info);
 
-/** Gpu blocks held by (instance, dp_rank); 0 if unknown. Any thread. */
+/** Gpu blocks held by (instance, dp_rank); 0 if unknown. Registered RCU reader threads. */
 uint32_t kvi_index_tree_size(const struct kvi_index *ix, uint32_t instance, uint32_t dp_rank);
 
 /** Counters and sizes, summed over partitions. Any thread (approximate). */

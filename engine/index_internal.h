@@ -142,6 +142,7 @@ struct kvi_part {
     _Atomic uint64_t parent_not_found;
     _Atomic uint64_t unknown_removes;
     _Atomic uint64_t invalid_events;
+    _Atomic uint64_t wgen; /* R: bumped on every membership change */
 } KVI_CACHE_ALIGNED;
 
 struct kvi_index {

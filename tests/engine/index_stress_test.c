@@ -1,9 +1,3 @@
-/*
- * WORK IN PROGRESS — not built by CMake. Its final quiescent comparison with
- * ../index_model.h hits the same lower-tier positional-placement mismatch as
- * index_diff_test.c; the concurrent part (readers' invariants under churn)
- * passed in Release, asan and tsan before that comparison was added.
- */
 /* ctest-labels: stress -- engine/index.c: two partition writers and two RCU readers, then a model comparison */
 #include <stdarg.h>
 #include <stddef.h>

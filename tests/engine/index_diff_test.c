@@ -1,11 +1,3 @@
-/*
- * WORK IN PROGRESS — not built by CMake (tests/engine/wip/ is not globbed).
- * The randomized differential test against the brute-force model in
- * ../index_model.h still reports mismatches for lower-tier blocks placed by
- * position (kvi_index_store_seq without a parent) combined with renames and
- * cascades; see the closing note of the engine-core issue. Move it back to
- * tests/engine/ once model and engine agree on that rule.
- */
 /* ctest-labels: unit -- engine/index.c against a brute-force model (index_model.h) */
 #include <stdarg.h>
 #include <stddef.h>
