@@ -14,6 +14,7 @@
 #define KVI_ENGINE_COMMON_H
 
 #include <assert.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -84,6 +85,13 @@ static inline void *kvi_xrealloc_(void *old, size_t n, const char *file, int lin
 #define kvi_xmalloc(n) kvi_xmalloc_((n), __FILE__, __LINE__)
 #define kvi_xcalloc(n, sz) kvi_xcalloc_((n), (sz), __FILE__, __LINE__)
 #define kvi_xrealloc(p, n) kvi_xrealloc_((p), (n), __FILE__, __LINE__)
+
+/* Add to a counter that only one thread writes (others may read it):
+ * a relaxed load/store pair, cheaper than an atomic read-modify-write. */
+static inline void kvi_relaxed_add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
+}
 
 /* Monotonic clock in nanoseconds. */
 uint64_t kvi_now_ns(void);

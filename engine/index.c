@@ -84,11 +84,6 @@ static void part_account(struct kvi_part *p, int64_t bytes)
                           memory_order_relaxed);
 }
 
-static inline void counter_add(_Atomic uint64_t *c, uint64_t v)
-{
-    /* single writer: a relaxed load/store pair is enough and cheaper than RMW */
-    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
-}
 
 static void retire(struct kvi_part *p, void *ptr, size_t bytes)
 {
@@ -392,7 +387,7 @@ static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kv
 {
     /* G1: bumped before any release store below, so a reader that observes
      * this change also observes the bump (pairs with G2 in find_core) */
-    counter_add(&p->wgen, 1);
+    kvi_relaxed_add(&p->wgen, 1);
     struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
     if (ms == NULL && atomic_load_explicit(&e->one, memory_order_relaxed) == KVI_NONE) {
         e->one_eh = eh;
@@ -433,7 +428,7 @@ static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kv
 
 static void member_del(struct kvi_part *p, struct kvi_entry *e, uint32_t slot, uint8_t tier)
 {
-    counter_add(&p->wgen, 1); /* G1, as in member_add */
+    kvi_relaxed_add(&p->wgen, 1); /* G1, as in member_add */
     if (tier == KVI_TIER_GPU) /* count first: readers never see more gpu members than exist */
         atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) - 1,
                               memory_order_release);
@@ -479,7 +474,7 @@ static bool entry_empty(const struct kvi_entry *e)
 
 /* ---- entries ---------------------------------------------------------------- */
 
-static uint32_t entry_alloc(struct kvi_index *ix, struct kvi_part *p)
+static uint32_t entry_alloc(struct kvi_part *p)
 {
     if (p->n_free > 0)
         return p->free_idx[--p->n_free];
@@ -499,14 +494,13 @@ static uint32_t entry_alloc(struct kvi_index *ix, struct kvi_part *p)
         p->n_chunks = c + 1;
     }
     p->next_fresh++;
-    (void)ix;
     return idx;
 }
 
 static uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key, uint64_t seq, uint64_t content,
                           uint32_t pos, uint32_t parent)
 {
-    uint32_t idx = entry_alloc(ix, p);
+    uint32_t idx = entry_alloc(p);
     struct kvi_entry *e = kvi__entry(p, idx);
     e->key = key;
     e->pos = pos;
@@ -527,7 +521,7 @@ static uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key
     struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
     tab_insert(p, &kc, &p->ktab, key, idx); /* W1 */
     tab_insert(p, &sc, &p->stab, seq, idx);
-    counter_add(&p->entries, 1);
+    kvi_relaxed_add(&p->entries, 1);
     return idx;
 }
 
@@ -561,7 +555,7 @@ static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx
             p->pending_idx = kvi_xrealloc(p->pending_idx, p->cap_pending * sizeof(uint32_t));
         }
         p->pending_idx[p->n_pending++] = idx;
-        counter_add(&p->entries, (uint64_t)-1);
+        kvi_relaxed_add(&p->entries, (uint64_t)-1);
         idx = parent;
     }
 }
@@ -890,8 +884,8 @@ static void holding_drop(struct kvi_index *ix, struct kvi_part *p, struct kvi_sl
     member_del(p, e, s->id, s->tier);
     atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) - 1,
                           memory_order_relaxed);
-    counter_add(&p->holdings, (uint64_t)-1);
-    counter_add(&p->removed_blocks, 1);
+    kvi_relaxed_add(&p->holdings, (uint64_t)-1);
+    kvi_relaxed_add(&p->removed_blocks, 1);
     entry_release(ix, p, idx);
 }
 
@@ -968,7 +962,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     if (n == 0)
         return 0;
     if (run_has_duplicates(p, has_parent, parent_eh, b, n)) {
-        counter_add(&p->invalid_events, 1);
+        kvi_relaxed_add(&p->invalid_events, 1);
         return -EINVAL;
     }
     uint32_t sid = slot_find(ix, instance, rank, (uint8_t)tier);
@@ -989,7 +983,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             }
         }
         if (prev == KVI_NONE) {
-            counter_add(&p->parent_not_found, 1);
+            kvi_relaxed_add(&p->parent_not_found, 1);
             return -ENOENT;
         }
         struct kvi_entry *pe = kvi__entry(p, prev);
@@ -998,7 +992,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         sq = pe->seq;
     } else if (position > 0) {
         if (seq == NULL || tier == KVI_TIER_GPU) {
-            counter_add(&p->invalid_events, 1);
+            kvi_relaxed_add(&p->invalid_events, 1);
             return -EINVAL;
         }
         /* a lower-tier run placed by standard seq hashes alone: reachable by
@@ -1046,7 +1040,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
                    !member_is_root(kvi__entry(p, x), sid))
                 x = kvi__entry(p, x)->parent;
             if (x == have) {
-                counter_add(&p->invalid_events, 1);
+                kvi_relaxed_add(&p->invalid_events, 1);
                 return -EINVAL;
             }
         }
@@ -1078,7 +1072,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             /* the engine renamed a different block: drop the old one */
             holding_remove_cascade(ix, p, s, have);
             if (parent_in_slot && !has_member(kvi__entry(p, prev), sid)) {
-                counter_add(&p->invalid_events, 1);
+                kvi_relaxed_add(&p->invalid_events, 1);
                 maybe_reclaim(ix, in->part);
                 return -EINVAL;
             }
@@ -1129,8 +1123,8 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             map_insert(ix, p, s, b[i].engine_hash, idx);
             atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) + 1,
                                   memory_order_relaxed);
-            counter_add(&p->holdings, 1);
-            counter_add(&p->stored_blocks, 1);
+            kvi_relaxed_add(&p->holdings, 1);
+            kvi_relaxed_add(&p->stored_blocks, 1);
         }
         prev = idx;
         parent_in_slot = true;
@@ -1162,7 +1156,7 @@ size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
     struct kvi_part *p = &ix->parts[in->part];
     uint32_t sid = slot_find(ix, instance, dp_rank, (uint8_t)tier);
     if (sid == KVI_NONE) {
-        counter_add(&p->unknown_removes, n);
+        kvi_relaxed_add(&p->unknown_removes, n);
         return 0;
     }
     struct kvi_slot *s = kvi__slot(ix, sid);
@@ -1189,7 +1183,7 @@ size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
         }
         uint32_t idx = map_find(ix, p, s, engine_hashes[i]);
         if (idx == KVI_NONE) {
-            counter_add(&p->unknown_removes, 1);
+            kvi_relaxed_add(&p->unknown_removes, 1);
             continue;
         }
         known++;
@@ -1466,26 +1460,43 @@ static void qs_slots(struct qscratch *q, size_t n_slots)
 struct finder {
     const struct kvi_index *ix;
     const struct kvi_part *p;
-    struct tab_ctx c;
-    const struct kvi_table *tb;
+    enum tab_kind kind;
     const uint64_t *keys;
     struct qscratch *q;
     uint32_t n_slots;
 };
 
+/* The query's entry at position t in partition p, or NULL. Reader. */
+static inline const struct kvi_entry *entry_at(const struct kvi_index *ix, const struct kvi_part *p,
+                                               enum tab_kind kind, uint64_t key, uint32_t t)
+{
+    struct tab_ctx c = {ix, p, kind, 0};
+    uint32_t idx = tab_find(&c, kind == TAB_KEY ? &p->ktab : &p->stab, key);
+    if (idx == KVI_NONE)
+        return NULL;
+    const struct kvi_entry *e = kvi__entry(p, idx);
+    return e->pos == t ? e : NULL;
+}
+
+/* Tier under which slot s holds e, or -1. Reader (acquire loads). */
+static int member_tier(const struct kvi_index *ix, const struct kvi_entry *e, uint32_t s)
+{
+    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire);
+    if (ms == NULL)
+        return (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) & KVI_SLOT_MASK) == s
+                   ? kvi__slot(ix, s)->tier
+                   : -1;
+    uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++)
+        if (ms->m[i].slot == s)
+            return ms->m[i].tier & KVI_MEMBER_TIER;
+    return -1;
+}
+
 static inline const struct kvi_entry *probe(const struct finder *f, uint32_t t, uint32_t *cnt)
 {
-    uint32_t idx = tab_find(&f->c, f->tb, f->keys[t]);
-    if (idx == KVI_NONE) {
-        *cnt = 0;
-        return NULL;
-    }
-    const struct kvi_entry *e = kvi__entry(f->p, idx);
-    if (e->pos != t) {
-        *cnt = 0;
-        return NULL;
-    }
-    *cnt = atomic_load_explicit(&((struct kvi_entry *)e)->gpu_n, memory_order_acquire); /* R2 */
+    const struct kvi_entry *e = entry_at(f->ix, f->p, f->kind, f->keys[t], t);
+    *cnt = e ? atomic_load_explicit(&((struct kvi_entry *)e)->gpu_n, memory_order_acquire) : 0; /* R2 */
     return e;
 }
 
@@ -1530,19 +1541,6 @@ static void refine(const struct finder *f, uint32_t lo, const struct kvi_entry *
         refine(f, mid, emid, cmid, hi, ehi, chi);
 }
 
-static bool entry_has_gpu(const struct kvi_index *ix, const struct kvi_entry *e, uint32_t s)
-{
-    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire);
-    if (ms == NULL)
-        return (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) & KVI_SLOT_MASK) == s &&
-               kvi__slot(ix, s)->tier == KVI_TIER_GPU;
-    uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
-    for (uint32_t i = 0; i < n; i++)
-        if (ms->m[i].slot == s)
-            return (ms->m[i].tier & KVI_MEMBER_TIER) == KVI_TIER_GPU;
-    return false;
-}
-
 /* Slow path after concurrent writes: extend each gpu member of e0 from its
  * assigned depth while it still holds the next position. */
 static void verify_members(const struct finder *f, const struct kvi_entry *e0, uint32_t n)
@@ -1562,7 +1560,7 @@ static void verify_members(const struct finder *f, const struct kvi_entry *e0, u
         while (d < n) {
             uint32_t cnt;
             const struct kvi_entry *e = probe(f, d, &cnt);
-            if (e == NULL || !entry_has_gpu(f->ix, e, s))
+            if (e == NULL || member_tier(f->ix, e, s) != KVI_TIER_GPU)
                 break;
             d++;
         }
@@ -1617,8 +1615,7 @@ static size_t find_core(const struct kvi_index *ix, const uint64_t *keys, size_t
         struct finder f = {
             .ix = ix,
             .p = &ix->parts[pi],
-            .c = {ix, &ix->parts[pi], kind, 0},
-            .tb = kind == TAB_KEY ? &ix->parts[pi].ktab : &ix->parts[pi].stab,
+            .kind = kind,
             .keys = keys,
             .q = q,
         };
@@ -1653,17 +1650,31 @@ static size_t find_core(const struct kvi_index *ix, const uint64_t *keys, size_t
     return count;
 }
 
+/* Keys of a query given by content (prefix keys, or seq hashes once the index
+ * holds seq-only placements) or by seq hashes. */
+static const uint64_t *query_keys(const struct kvi_index *ix, struct qscratch *q, const uint64_t *content,
+                                  const uint64_t *seq, size_t n, enum tab_kind *kind)
+{
+    *kind = TAB_SEQ;
+    if (content == NULL)
+        return seq;
+    uint64_t *k = qs_keys(q, n);
+    if (atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire)) {
+        kvi_seq_hashes(content, n, k);
+    } else {
+        kvi_index_prefix_keys(ix, content, n, k);
+        *kind = TAB_KEY;
+    }
+    return k;
+}
+
 size_t kvi_index_find_matches(const struct kvi_index *ix, const uint64_t *content, size_t n, struct kvi_match *out,
                               size_t cap)
 {
     struct qscratch *q = qs_get();
-    uint64_t *keys = qs_keys(q, n);
-    if (KVI_UNLIKELY(atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire))) {
-        kvi_seq_hashes(content, n, keys);
-        return find_core(ix, keys, n, TAB_SEQ, q, out, cap);
-    }
-    kvi_index_prefix_keys(ix, content, n, keys);
-    return find_core(ix, keys, n, TAB_KEY, q, out, cap);
+    enum tab_kind kind;
+    const uint64_t *keys = query_keys(ix, q, content, NULL, n, &kind);
+    return find_core(ix, keys, n, kind, q, out, cap);
 }
 
 size_t kvi_index_find_matches_by_seq(const struct kvi_index *ix, const uint64_t *seq, size_t n, struct kvi_match *out,
@@ -1676,22 +1687,8 @@ size_t kvi_index_find_matches_by_seq(const struct kvi_index *ix, const uint64_t 
 static bool slot_holds(const struct kvi_index *ix, const struct kvi_slot *s, const uint64_t *keys, enum tab_kind kind,
                        uint32_t t)
 {
-    const struct kvi_part *p = &ix->parts[inst_get(ix, s->instance)->part];
-    struct tab_ctx c = {ix, p, kind, 0};
-    uint32_t idx = tab_find(&c, kind == TAB_KEY ? &p->ktab : &p->stab, keys[t]);
-    if (idx == KVI_NONE)
-        return false;
-    const struct kvi_entry *e = kvi__entry(p, idx);
-    if (e->pos != t)
-        return false;
-    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire);
-    if (ms == NULL)
-        return (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) & KVI_SLOT_MASK) == s->id;
-    uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
-    for (uint32_t i = 0; i < n; i++)
-        if (ms->m[i].slot == s->id)
-            return true;
-    return false;
+    const struct kvi_entry *e = entry_at(ix, &ix->parts[inst_get(ix, s->instance)->part], kind, keys[t], t);
+    return e != NULL && member_tier(ix, e, s->id) >= 0;
 }
 
 static bool tier_usable(const struct kvi_index *ix, const struct kvi_slot *const *own, size_t n_own,
@@ -1709,24 +1706,6 @@ static bool tier_usable(const struct kvi_index *ix, const struct kvi_slot *const
             return true;
     }
     return false;
-}
-
-/* Keys of a query given by content (prefix keys, or seq hashes once the index
- * holds seq-only placements) or by seq hashes. */
-static const uint64_t *query_keys(const struct kvi_index *ix, struct qscratch *q, const uint64_t *content,
-                                  const uint64_t *seq, size_t n, enum tab_kind *kind)
-{
-    *kind = TAB_SEQ;
-    if (content == NULL)
-        return seq;
-    uint64_t *k = qs_keys(q, n);
-    if (atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire)) {
-        kvi_seq_hashes(content, n, k);
-    } else {
-        kvi_index_prefix_keys(ix, content, n, k);
-        *kind = TAB_KEY;
-    }
-    return k;
 }
 
 /* Live lower-tier slots of shared pools (at most cap). */

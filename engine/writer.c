@@ -99,10 +99,6 @@ static void futex_wake(_Atomic uint32_t *addr)
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-static inline void relaxed_add(_Atomic uint64_t *c, uint64_t v)
-{
-    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
-}
 
 static void mark_dirty(struct kvi_writer *w, struct kvi_index *ix)
 {
@@ -154,13 +150,13 @@ static void apply(struct kvi_writer *w, struct kvi_op *op)
             r = kvi_index_store(op->ix, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
                                 op->parent_engine_hash, op->blocks, op->n);
         out = r == -ENOENT ? KVI_OUT_PARENT_NOT_FOUND : r < 0 ? KVI_OUT_INVALID : KVI_OUT_APPLIED;
-        relaxed_add(&w->blocks_stored, op->n);
+        kvi_relaxed_add(&w->blocks_stored, op->n);
         mark_dirty(w, op->ix);
         break;
     }
     case KVI_OP_REMOVE:
         kvi_index_remove(op->ix, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n);
-        relaxed_add(&w->hashes_removed, op->n);
+        kvi_relaxed_add(&w->hashes_removed, op->n);
         mark_dirty(w, op->ix);
         break;
     case KVI_OP_CLEAR:
@@ -182,7 +178,7 @@ static void apply(struct kvi_writer *w, struct kvi_op *op)
         out = KVI_OUT_INVALID;
         break;
     }
-    relaxed_add(&w->outcomes[out], 1);
+    kvi_relaxed_add(&w->outcomes[out], 1);
     free(op);
 }
 
@@ -227,8 +223,8 @@ static void *writer_main(void *arg)
                     __builtin_prefetch(buf[j + 1]);
                 apply(w, buf[j]);
             }
-            relaxed_add(&w->ops, n);
-            relaxed_add(&w->busy_ns, kvi_now_ns() - t0);
+            kvi_relaxed_add(&w->ops, n);
+            kvi_relaxed_add(&w->busy_ns, kvi_now_ns() - t0);
             atomic_fetch_add_explicit(&pr->applied, n, memory_order_release); /* A1 */
             got += n;
         }
@@ -251,7 +247,7 @@ static void *writer_main(void *arg)
         atomic_store_explicit(&w->sleeping, 1, memory_order_seq_cst);
         atomic_thread_fence(memory_order_seq_cst);
         if (rings_empty(w) && !atomic_load_explicit(&w->pool->stop, memory_order_acquire)) {
-            relaxed_add(&w->sleeps, 1);
+            kvi_relaxed_add(&w->sleeps, 1);
             futex_wait(&w->futex, fv, 100 * 1000 * 1000L);
         }
         atomic_store_explicit(&w->sleeping, 0, memory_order_relaxed);
