@@ -164,6 +164,7 @@ struct kvi_index_stats {
     uint64_t removed_blocks; /* blocks removed, cascades included */
     uint64_t parent_not_found;
     uint64_t unknown_removes;
+    uint64_t unknown_blocks; /* token-less stores that resolved to nothing */
     uint64_t invalid_events;
 };
 
@@ -236,6 +237,35 @@ int kvi_index_store_seq(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
                         enum kvi_tier tier, bool has_parent, uint64_t parent_engine_hash,
                         uint32_t position, const struct kvi_block *blocks, const uint64_t *seq,
                         size_t n);
+
+/**
+ * Store token-less blocks named only by engine hashes (offload placeholders,
+ * connector stores: wire-protocol.md §5): block i is the prefix that
+ * (instance, dp_rank) already holds under @p engine_hashes[i] on another tier
+ * (looked up gpu first, then cpu, disk, external); it is added to @p tier
+ * under the same engine hash, at that prefix. Hashes that resolve to nothing
+ * are skipped (counted in kvi_index_stats.unknown_blocks). Single writer only.
+ * @param n_unresolved  receives the number of skipped hashes (may be NULL)
+ * @return the number of blocks now held on @p tier from this run (0..n).
+ */
+size_t kvi_index_store_known(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                             const uint64_t *engine_hashes, size_t n, size_t *n_unresolved);
+
+/**
+ * Store a run known only by standard seq hashes, without tokens (RFC 1527
+ * publishers such as the Mooncake master): block i is the existing prefix
+ * whose seq hash is @p seq[i] when the index has it (content known, so
+ * content queries match too); otherwise it is placed by seq alone
+ * (reachable by seq queries and tier walks only), as kvi_index_store_seq
+ * does. Block i is named @p engine_hashes[i] in the slot (RFC 1527 streams
+ * use the seq hash itself). Parent and position rules as kvi_index_store_seq.
+ * Single writer only.
+ * @return 0, -ENOENT (unknown parent), -EINVAL (position > 0 with no parent on
+ *         the gpu tier, or repeated engine hashes).
+ */
+int kvi_index_store_seq_only(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                             bool has_parent, uint64_t parent_engine_hash, uint32_t position,
+                             const uint64_t *engine_hashes, const uint64_t *seq, size_t n);
 
 /**
  * Remove blocks by engine hash from (instance, dp_rank, tier), with their

@@ -45,6 +45,8 @@ enum kvi_op_type {
     KVI_OP_REMOVE_DP_RANK,   /* kvi_index_remove_dp_rank */
     KVI_OP_REMOVE_INSTANCE,  /* kvi_index_remove_instance */
     KVI_OP_CALL,             /* run fn(arg) on the writer thread */
+    KVI_OP_STORE_KNOWN,      /* kvi_index_store_known of hashes[0..n) */
+    KVI_OP_STORE_SEQ_ONLY,   /* kvi_index_store_seq_only: blocks[i].engine_hash + seq[i] */
 };
 
 /** Outcome of an applied op, reported through the pool's counters. */
@@ -52,7 +54,19 @@ enum kvi_op_outcome {
     KVI_OUT_APPLIED,
     KVI_OUT_PARENT_NOT_FOUND,
     KVI_OUT_INVALID,
+    KVI_OUT_UNKNOWN_BLOCK,   /* token-less store hashes that resolved to nothing, per hash */
     KVI_OUT_COUNT,
+};
+
+/**
+ * Where a writer reports the outcomes of the ops that point at it (a listener's
+ * counters, say). The writer adds with relaxed atomics; readers load relaxed.
+ * Owned by the submitter; must outlive every op that points at it (flush first).
+ */
+struct kvi_op_sink {
+    uint64_t outcomes[KVI_OUT_COUNT]; /* ops by outcome (UNKNOWN_BLOCK: hashes) */
+    uint64_t blocks_stored;           /* blocks in applied store ops */
+    uint64_t hashes_removed;          /* hashes known to removes */
 };
 
 /**
@@ -75,6 +89,7 @@ struct kvi_op {
     void (*fn)(void *arg, uint32_t writer); /* CALL */
     void *arg;
     uint64_t *seq;       /* STORE: standard seq hashes, or NULL */
+    struct kvi_op_sink *sink; /* optional: outcome counters of this op's source */
     union {
         struct kvi_block blocks[0]; /* STORE */
         uint64_t hashes[0];         /* REMOVE */
