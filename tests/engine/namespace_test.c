@@ -1,0 +1,134 @@
+/* Namespace registry: add/find/list/unlink, and readers racing with changes. */
+/* ctest-labels: unit tsan */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/namespace.h"
+#include "engine/rcu.h"
+
+static const struct kvi_index_config TMPL = {.block_size = 0, .n_parts = 1, .jump = 0, .key_seed = 7};
+
+static void test_add_find_unlink(void **state)
+{
+    struct kvi_nsreg *r = kvi_nsreg_create(&TMPL);
+    assert_non_null(r);
+    struct kvi_ns *a, *b, *again;
+    assert_int_equal(kvi_nsreg_add(r, "llama", "default", 16, &a), 1);
+    assert_int_equal(kvi_index_block_size(a->ix), 16);
+    assert_int_equal(kvi_nsreg_add(r, "llama", "default", 32, &again), 0);
+    assert_ptr_equal(again, a);
+    assert_int_equal(again->block_size, 16);
+    assert_int_equal(kvi_nsreg_add(r, "llama", "acme", 32, &b), 1);
+    assert_int_equal(kvi_nsreg_add(r, "", "x", 16, &again), -EINVAL);
+    assert_int_equal(kvi_nsreg_add(r, "m", "t", 0, &again), -EINVAL);
+
+    kvi_rcu_register_thread();
+    kvi_rcu_read_lock();
+    assert_ptr_equal(kvi_nsreg_find(r, "llama", "default"), a);
+    assert_ptr_equal(kvi_nsreg_find(r, "llama", "acme"), b);
+    assert_null(kvi_nsreg_find(r, "llama", "other"));
+    assert_null(kvi_nsreg_find(r, "llamadefault", ""));
+    struct kvi_ns *list[4];
+    assert_int_equal(kvi_nsreg_list(r, list, 4), 2);
+    assert_ptr_equal(list[0], b); /* sorted: acme < default */
+    assert_ptr_equal(list[1], a);
+    kvi_rcu_read_unlock();
+
+    assert_int_equal(kvi_nsreg_unlink(r, a), 0);
+    assert_int_equal(kvi_nsreg_unlink(r, a), -ENOENT);
+    kvi_rcu_read_lock();
+    assert_null(kvi_nsreg_find(r, "llama", "default"));
+    assert_int_equal(kvi_nsreg_list(r, list, 4), 1);
+    kvi_rcu_read_unlock();
+    kvi_ns_free(a);
+    kvi_rcu_unregister_thread();
+    kvi_nsreg_destroy(r);
+}
+
+static void test_many(void **state)
+{
+    struct kvi_nsreg *r = kvi_nsreg_create(&TMPL);
+    char m[32];
+    struct kvi_ns *ns;
+    for (int i = 0; i < 300; i++) {
+        snprintf(m, sizeof(m), "model-%d", i);
+        assert_int_equal(kvi_nsreg_add(r, m, "t", 16, &ns), 1);
+    }
+    kvi_rcu_register_thread();
+    kvi_rcu_read_lock();
+    for (int i = 0; i < 300; i++) {
+        snprintf(m, sizeof(m), "model-%d", i);
+        ns = kvi_nsreg_find(r, m, "t");
+        assert_non_null(ns);
+        assert_string_equal(ns->model, m);
+    }
+    assert_int_equal(kvi_nsreg_list(r, NULL, 0), 300);
+    kvi_rcu_read_unlock();
+    kvi_rcu_unregister_thread();
+    kvi_nsreg_destroy(r);
+}
+
+struct race {
+    struct kvi_nsreg *r;
+    atomic_bool stop;
+    atomic_ulong found;
+};
+
+static void *reader(void *arg)
+{
+    struct race *x = arg;
+    kvi_rcu_register_thread();
+    while (!atomic_load(&x->stop)) {
+        kvi_rcu_read_lock();
+        struct kvi_ns *ns = kvi_nsreg_find(x->r, "stable", "t");
+        if (ns != NULL && strcmp(ns->model, "stable") == 0 && kvi_index_block_size(ns->ix) == 16)
+            atomic_fetch_add(&x->found, 1);
+        kvi_rcu_read_unlock();
+    }
+    kvi_rcu_unregister_thread();
+    return NULL;
+}
+
+static void test_readers_race_changes(void **state)
+{
+    struct race x = {.r = kvi_nsreg_create(&TMPL)};
+    struct kvi_ns *stable, *ns;
+    assert_int_equal(kvi_nsreg_add(x.r, "stable", "t", 16, &stable), 1);
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, reader, &x);
+    char m[32];
+    for (int i = 0; i < 200; i++) {
+        snprintf(m, sizeof(m), "churn-%d", i);
+        assert_int_equal(kvi_nsreg_add(x.r, m, "t", 8, &ns), 1);
+        if (i % 2 == 0) {
+            assert_int_equal(kvi_nsreg_unlink(x.r, ns), 0);
+            kvi_ns_free(ns);
+        }
+    }
+    while (atomic_load(&x.found) < 1000)
+        ;
+    atomic_store(&x.stop, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    kvi_nsreg_destroy(x.r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_add_find_unlink),
+        cmocka_unit_test(test_many),
+        cmocka_unit_test(test_readers_race_changes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
