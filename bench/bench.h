@@ -11,6 +11,7 @@
 /* Subcommands: each returns a process exit code. */
 int kvi_bench_micro(int argc, char **argv);
 int kvi_bench_ring(int argc, char **argv);
+int kvi_bench_decode(int argc, char **argv);
 
 /* Shared helpers (bench/util.c). */
 uint64_t kvi_bench_rand(uint64_t *state);  /* splitmix64 */

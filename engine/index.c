@@ -10,7 +10,9 @@
  *   Publication: an entry is fully initialised before its index is stored
  *   into a table slot with release (W1); readers load slots with acquire (R1).
  *   Member counts and member arrays are published with release after the
- *   members they describe (W2/R2). Tables are replaced copy-on-write on resize
+ *   members they describe (W2/R2). An entry's `one` is meaningful only while
+ *   its `many` is NULL; releasing an entry clears `one` before it drops
+ *   `many` (W4, pairs with R2). Tables are replaced copy-on-write on resize
  *   (W3/R3). Entries, member arrays and old tables are recycled only after a
  *   grace period (kvi_index_reclaim).
  *
@@ -498,7 +500,7 @@ static uint32_t entry_alloc(struct kvi_part *p)
 }
 
 static uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key, uint64_t seq, uint64_t content,
-                          uint32_t pos, uint32_t parent)
+                          bool no_content, uint32_t pos, uint32_t parent)
 {
     uint32_t idx = entry_alloc(p);
     struct kvi_entry *e = kvi__entry(p, idx);
@@ -510,6 +512,7 @@ static uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key
     e->parent = parent;
     e->seq = seq;
     e->content = content;
+    e->no_content = no_content;
     e->one_eh = 0;
     e->first_child = KVI_NONE;
     e->next_sibling = KVI_NONE;
@@ -536,18 +539,31 @@ static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx
         uint32_t parent = e->parent;
         if (parent != KVI_NONE) {
             struct kvi_entry *pe = kvi__entry(p, parent);
-            uint32_t *link = &pe->first_child;
-            while (*link != idx)
-                link = &kvi__entry(p, *link)->next_sibling;
-            *link = e->next_sibling;
+            if (pe->first_child == idx) {
+                pe->first_child = e->next_sibling;
+            } else {
+                struct kvi_entry *sib = kvi__entry(p, pe->first_child);
+                while (sib->next_sibling != idx)
+                    sib = kvi__entry(p, sib->next_sibling);
+                sib->next_sibling = e->next_sibling;
+            }
         }
         struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
         tab_delete(p, &kc, &p->ktab, e->key, idx);
         tab_delete(p, &sc, &p->stab, e->seq, idx);
         struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
         if (ms != NULL) {
-            /* readers then see no members (one is NONE): safe */
-            atomic_store_explicit(&e->many, NULL, memory_order_release);
+            /* Readers still probing e (found before the tombstones above)
+             * fall back to `one` once `many` is NULL. `one` still names the
+             * member e had before it got a member array (member_add never
+             * clears it), a slot that may have been forgotten and recycled
+             * since: clear it first, so that a reader acquiring many == NULL
+             * (W4) sees no member. Without this, such a reader read a recycled
+             * slot's fields while another writer re-initialised them (the
+             * TSan report in writer_stress_test) and could credit that slot. */
+            atomic_store_explicit(&e->one, KVI_NONE, memory_order_relaxed);
+            e->one_eh = 0;
+            atomic_store_explicit(&e->many, NULL, memory_order_release); /* W4 */
             retire(p, ms, mset_bytes(ms->cap));
         }
         if (p->n_pending == p->cap_pending) {
@@ -909,20 +925,53 @@ static void holding_remove_cascade(struct kvi_index *ix, struct kvi_part *p, str
     }
 }
 
+/* A run of blocks to store: engine hashes with content hashes, or engine
+ * hashes alone (a token-less run: contents unknown), and standard seq hashes
+ * (NULL: derived from the content chain). */
+struct run {
+    const struct kvi_block *b; /* engine and content hashes, or NULL */
+    const uint64_t *eh;        /* when b == NULL: engine hashes */
+    const uint64_t *seq;       /* standard seq hashes, or NULL (then b != NULL) */
+    size_t n;
+};
+
+static inline uint64_t run_eh(const struct run *r, size_t i)
+{
+    return r->b != NULL ? r->b[i].engine_hash : r->eh[i];
+}
+
+/* Stand-in prefix key of an entry placed by its seq hash alone. Its content
+ * chain is unknown, so content queries of an index holding such entries go
+ * through the seq table (has_seq_only) and never compute this key. */
+static inline uint64_t seq_stand_in_key(const struct kvi_index *ix, uint64_t seq)
+{
+    return fmix64(seq ^ ix->kxor) ^ 0x8000000000000001ull;
+}
+
+/* Prefix key of block i of a run at position pos (seq hash sq), continuing
+ * from k: chained through the content hash where known. A token-less block
+ * at position 0 knows its content: it equals its seq hash (RFC 1527). */
+static inline uint64_t run_key(const struct kvi_index *ix, const struct run *r, uint64_t k, size_t i, uint32_t pos,
+                               uint64_t sq)
+{
+    if (r->b != NULL)
+        return key_step(ix, k, r->b[i].content_hash, pos);
+    return pos == 0 ? key_step(ix, k, sq, 0) : seq_stand_in_key(ix, sq);
+}
+
 /* Does the run repeat an engine hash, or contain its parent? O(n) with a
  * scratch open-addressing set in p->sortbuf. */
-static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t parent_eh, const struct kvi_block *b,
-                               size_t n)
+static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t parent_eh, const struct run *r)
 {
-    size_t m = n + (has_parent ? 1 : 0);
+    size_t n = r->n, m = n + (has_parent ? 1 : 0);
     if (m < 2)
         return false;
     if (m <= 8) {
         for (size_t i = 0; i < n; i++) {
-            if (has_parent && b[i].engine_hash == parent_eh)
+            if (has_parent && run_eh(r, i) == parent_eh)
                 return true;
             for (size_t j = i + 1; j < n; j++)
-                if (b[i].engine_hash == b[j].engine_hash)
+                if (run_eh(r, i) == run_eh(r, j))
                     return true;
         }
         return false;
@@ -938,7 +987,7 @@ static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t par
     uint64_t *val = p->sortbuf, *used = p->sortbuf + cap;
     memset(used, 0, cap * sizeof(uint64_t));
     for (size_t i = 0; i < m; i++) {
-        uint64_t v = i < n ? b[i].engine_hash : parent_eh;
+        uint64_t v = i < n ? run_eh(r, i) : parent_eh;
         for (size_t j = fmix64(v) & (cap - 1);; j = (j + 1) & (cap - 1)) {
             if (!used[j]) {
                 used[j] = 1;
@@ -952,16 +1001,49 @@ static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t par
     return false;
 }
 
+/* Slot s holds entry idx under old_eh: name it eh instead. */
+static void holding_rename(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx,
+                           uint64_t old_eh, uint64_t eh)
+{
+    struct kvi_entry *e = kvi__entry(p, idx);
+    map_delete(ix, p, s, old_eh, idx);
+    struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
+    if (ms == NULL) {
+        e->one_eh = eh;
+    } else {
+        uint32_t mn = atomic_load_explicit(&ms->n, memory_order_relaxed);
+        for (uint32_t j = 0; j < mn; j++)
+            if (ms->m[j].slot == s->id)
+                ms->m[j].eh = eh;
+    }
+    map_insert(ix, p, s, eh, idx);
+}
+
+/* Slot s starts holding entry idx under eh (root: placed without a parent
+ * link in the slot). On the gpu tier the slot must hold the parent already. */
+static void holding_add(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx, uint64_t eh,
+                        bool root)
+{
+    member_add(ix, p, kvi__entry(p, idx), s->id, s->tier, eh, root);
+    map_insert(ix, p, s, eh, idx);
+    atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    kvi_relaxed_add(&p->holdings, 1);
+    kvi_relaxed_add(&p->stored_blocks, 1);
+}
+
 static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum kvi_tier tier, bool has_parent,
-                    uint64_t parent_eh, uint32_t position, const struct kvi_block *b, const uint64_t *seq, size_t n)
+                    uint64_t parent_eh, uint32_t position, const struct run *r)
 {
     if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire) || (unsigned)tier >= KVI_TIER_COUNT)
         return -EINVAL;
     struct kvi_instance *in = inst_get(ix, instance);
     struct kvi_part *p = &ix->parts[in->part];
+    size_t n = r->n;
+    const uint64_t *seq = r->seq;
     if (n == 0)
         return 0;
-    if (run_has_duplicates(p, has_parent, parent_eh, b, n)) {
+    if (run_has_duplicates(p, has_parent, parent_eh, r)) {
         kvi_relaxed_add(&p->invalid_events, 1);
         return -EINVAL;
     }
@@ -999,7 +1081,6 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
          * seq queries and tier walks through seq keys only */
         pos0 = position;
         seq_only = true;
-        k = fmix64(seq[0] ^ ix->kxor) ^ 0x8000000000000001ull;
     }
     if (s == NULL) {
         sid = slot_create(ix, instance, rank, (uint8_t)tier);
@@ -1016,21 +1097,20 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     uint64_t *rk = p->runbuf, *rs = p->runbuf + n;
     for (size_t i = 0; i < n; i++) {
         uint32_t pos = pos0 + (uint32_t)i;
-        if (!(seq_only && i == 0))
-            k = key_step(ix, k, b[i].content_hash, pos);
-        rk[i] = k;
         if (seq != NULL)
             sq = seq[i];
         else
-            sq = pos == 0 ? b[i].content_hash : kvi_seq_hash_next(sq, b[i].content_hash);
+            sq = pos == 0 ? r->b[i].content_hash : kvi_seq_hash_next(sq, r->b[i].content_hash);
         rs[i] = sq;
+        k = seq_only && i == 0 ? seq_stand_in_key(ix, sq) : run_key(ix, r, k, i, pos, sq);
+        rk[i] = k;
     }
     /* an engine hash renamed to another prefix drops its old holding with
      * its descendants; when that would drop the run's own parent chain the
      * run is rejected before anything changes */
     if (prev != KVI_NONE) {
         for (size_t i = 0; i < n; i++) {
-            uint32_t have = map_find(ix, p, s, b[i].engine_hash);
+            uint32_t have = map_find(ix, p, s, run_eh(r, i));
             if (have == KVI_NONE || kvi__entry(p, have)->seq == rs[i])
                 continue;
             /* would the cascade from `have` reach the run's parent? it follows
@@ -1048,20 +1128,21 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     for (size_t i = 0; i < n && i < PF_DIST; i++) {
         tab_prefetch(ix, &p->ktab, rk[i]);
         tab_prefetch(ix, &p->stab, rs[i]);
-        tab_prefetch(ix, &s->map, b[i].engine_hash);
+        tab_prefetch(ix, &s->map, run_eh(r, i));
     }
 
     for (size_t i = 0; i < n; i++) {
         uint32_t pos = pos0 + (uint32_t)i;
+        uint64_t eh = run_eh(r, i);
         k = rk[i];
         sq = rs[i];
         if (i + PF_DIST < n) {
             tab_prefetch(ix, &p->ktab, rk[i + PF_DIST]);
             tab_prefetch(ix, &p->stab, rs[i + PF_DIST]);
-            tab_prefetch(ix, &s->map, b[i + PF_DIST].engine_hash);
+            tab_prefetch(ix, &s->map, run_eh(r, i + PF_DIST));
         }
 
-        uint32_t have = map_find(ix, p, s, b[i].engine_hash);
+        uint32_t have = map_find(ix, p, s, eh);
         if (have != KVI_NONE) {
             struct kvi_entry *he = kvi__entry(p, have);
             if (he->seq == sq && he->pos == pos) {
@@ -1080,13 +1161,15 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         /* the standard seq hash is the canonical identity of a prefix: a
          * prefix placed by seq alone and the same prefix stored with its
          * content chain are one entry */
+        bool known = r->b != NULL || pos == 0; /* content known */
+        uint64_t content = r->b != NULL ? r->b[i].content_hash : pos == 0 ? sq : 0;
         struct tab_ctx sc = {ix, p, TAB_SEQ, 0};
         uint32_t idx = tab_find(&sc, &p->stab, sq);
         if (idx != KVI_NONE && kvi__entry(p, idx)->pos != pos)
             idx = KVI_NONE; /* 2^-64 collision across depths: keep them apart */
         if (idx == KVI_NONE) {
-            idx = entry_new(ix, p, k, sq, b[i].content_hash, pos, prev);
-            if (seq_only)
+            idx = entry_new(ix, p, k, sq, content, !known, pos, prev);
+            if ((seq_only && i == 0) || !known) /* a stand-in key */
                 atomic_store_explicit(&ix->has_seq_only, true, memory_order_release);
         } else {
             struct kvi_entry *fe = kvi__entry(p, idx);
@@ -1097,35 +1180,22 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
                 fe->next_sibling = pe->first_child;
                 pe->first_child = idx;
             }
+            if (fe->no_content && known) { /* placed without tokens before */
+                fe->content = content;
+                fe->no_content = 0;
+            }
             k = fe->key; /* continue the chain from the entry's own key */
             if (k != rk[i])
                 for (size_t j = i + 1; j < n; j++) /* re-derive the rest of the run's keys */
-                    rk[j] = k = key_step(ix, k, b[j].content_hash, pos0 + (uint32_t)j);
+                    rk[j] = k = run_key(ix, r, k, j, pos0 + (uint32_t)j, rs[j]);
         }
         struct kvi_entry *e = kvi__entry(p, idx);
         bool f;
         uint64_t old_eh = member_eh(e, sid, &f);
-        if (f) {
-            /* the slot holds this prefix under another engine hash: rename */
-            map_delete(ix, p, s, old_eh, idx);
-            struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
-            if (ms == NULL) {
-                e->one_eh = b[i].engine_hash;
-            } else {
-                uint32_t mn = atomic_load_explicit(&ms->n, memory_order_relaxed);
-                for (uint32_t j = 0; j < mn; j++)
-                    if (ms->m[j].slot == sid)
-                        ms->m[j].eh = b[i].engine_hash;
-            }
-            map_insert(ix, p, s, b[i].engine_hash, idx);
-        } else {
-            member_add(ix, p, e, sid, (uint8_t)tier, b[i].engine_hash, seq_only && i == 0);
-            map_insert(ix, p, s, b[i].engine_hash, idx);
-            atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) + 1,
-                                  memory_order_relaxed);
-            kvi_relaxed_add(&p->holdings, 1);
-            kvi_relaxed_add(&p->stored_blocks, 1);
-        }
+        if (f) /* the slot holds this prefix under another engine hash: rename */
+            holding_rename(ix, p, s, idx, old_eh, eh);
+        else
+            holding_add(ix, p, s, idx, eh, seq_only && i == 0);
         prev = idx;
         parent_in_slot = true;
     }
@@ -1136,15 +1206,147 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
 int kvi_index_store(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier, bool has_parent,
                     uint64_t parent_engine_hash, const struct kvi_block *blocks, size_t n)
 {
-    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, 0, blocks, NULL, n);
+    struct run r = {.b = blocks, .n = n};
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, 0, &r);
 }
 
 int kvi_index_store_seq(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
                         bool has_parent, uint64_t parent_engine_hash, uint32_t position,
                         const struct kvi_block *blocks, const uint64_t *seq, size_t n)
 {
-    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, has_parent ? 0 : position, blocks,
-                    seq, n);
+    struct run r = {.b = blocks, .seq = seq, .n = n};
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, has_parent ? 0 : position, &r);
+}
+
+int kvi_index_store_seq_only(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                             bool has_parent, uint64_t parent_engine_hash, uint32_t position,
+                             const uint64_t *engine_hashes, const uint64_t *seq, size_t n)
+{
+    if (n > 0 && (engine_hashes == NULL || seq == NULL))
+        return -EINVAL;
+    struct run r = {.eh = engine_hashes, .seq = seq, .n = n};
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, has_parent ? 0 : position, &r);
+}
+
+/* The slots of (instance, rank), by tier (NULL where it has none). Writer. */
+static void rank_slots(const struct kvi_index *ix, const struct kvi_instance *in, uint32_t rank,
+                       struct kvi_slot *by_tier[KVI_TIER_COUNT])
+{
+    for (int t = 0; t < KVI_TIER_COUNT; t++)
+        by_tier[t] = NULL;
+    struct kvi_slotlist *sl = atomic_load_explicit(&((struct kvi_instance *)in)->slots, memory_order_relaxed);
+    for (uint32_t i = 0; sl != NULL && i < sl->n; i++) {
+        struct kvi_slot *s = kvi__slot(ix, sl->id[i]);
+        if (s->dp_rank == rank)
+            by_tier[s->tier] = s;
+    }
+}
+
+/* The entry (instance, rank) names eh, looked up gpu first, then cpu, disk,
+ * external; KVI_NONE if none. Writer. */
+static uint32_t rank_resolve(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *const *by_tier,
+                             uint64_t eh)
+{
+    for (int t = 0; t < KVI_TIER_COUNT; t++)
+        if (by_tier[t] != NULL) {
+            uint32_t idx = map_find(ix, p, by_tier[t], eh);
+            if (idx != KVI_NONE)
+                return idx;
+        }
+    return KVI_NONE;
+}
+
+/* Does any slot of (instance, rank) hold entry idx? Writer. */
+static bool rank_holds(struct kvi_part *p, struct kvi_slot *const *by_tier, uint32_t idx)
+{
+    const struct kvi_entry *e = kvi__entry(p, idx);
+    for (int t = 0; t < KVI_TIER_COUNT; t++)
+        if (by_tier[t] != NULL && has_member(e, by_tier[t]->id))
+            return true;
+    return false;
+}
+
+size_t kvi_index_store_known(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                             const uint64_t *engine_hashes, size_t n, size_t *n_unresolved)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire) ||
+        (unsigned)tier >= KVI_TIER_COUNT) {
+        if (n_unresolved != NULL)
+            *n_unresolved = n;
+        return 0;
+    }
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    struct kvi_slot *by_tier[KVI_TIER_COUNT];
+    rank_slots(ix, in, dp_rank, by_tier);
+    /* parents before children: apply the run in position order (the order
+     * it came in unless that differs) */
+    if (n > p->cap_runbuf) {
+        p->cap_runbuf = n;
+        p->runbuf = kvi_xrealloc(p->runbuf, p->cap_runbuf * sizeof(uint64_t));
+    }
+    uint64_t *order = p->runbuf;
+    bool sorted = true;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t idx = rank_resolve(ix, p, by_tier, engine_hashes[i]);
+        uint64_t pos = idx != KVI_NONE ? kvi__entry(p, idx)->pos : 0;
+        order[i] = (pos << 32) | i;
+        if (i > 0 && order[i] < order[i - 1])
+            sorted = false;
+    }
+    if (!sorted)
+        qsort(order, n, sizeof(uint64_t), kvi__cmp_u64);
+    size_t held = 0, unresolved = 0;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t eh = engine_hashes[(uint32_t)order[k]];
+        struct kvi_slot *s = by_tier[tier];
+        uint32_t idx = rank_resolve(ix, p, by_tier, eh);
+        if (idx == KVI_NONE) {
+            unresolved++;
+            continue;
+        }
+        if (s != NULL) {
+            uint32_t have = map_find(ix, p, s, eh);
+            if (have == idx) { /* already held on this tier under this name */
+                held++;
+                continue;
+            }
+            if (have != KVI_NONE) /* the name meant another prefix on this tier: drop it */
+                holding_remove_cascade(ix, p, s, have);
+        }
+        struct kvi_entry *e = kvi__entry(p, idx);
+        bool root = false;
+        if (e->pos > 0) {
+            /* linked below its parent when the slot (gpu) or the rank (lower
+             * tiers, as for a named parent) holds it; else a positional root,
+             * which the gpu tier cannot hold (its holdings are ancestor-closed) */
+            bool linked = e->parent != KVI_NONE &&
+                          (tier == KVI_TIER_GPU ? s != NULL && has_member(kvi__entry(p, e->parent), s->id)
+                                                : rank_holds(p, by_tier, e->parent));
+            if (!linked && tier == KVI_TIER_GPU) {
+                unresolved++;
+                continue;
+            }
+            root = !linked;
+        }
+        if (s == NULL) {
+            s = kvi__slot(ix, slot_create(ix, instance, dp_rank, (uint8_t)tier));
+            by_tier[tier] = s;
+        }
+        bool f;
+        uint64_t old_eh = member_eh(e, s->id, &f);
+        if (f)
+            holding_rename(ix, p, s, idx, old_eh, eh);
+        else
+            holding_add(ix, p, s, idx, eh, root);
+        held++;
+    }
+    if (unresolved > 0)
+        kvi_relaxed_add(&p->unknown_blocks, unresolved);
+    if (n_unresolved != NULL)
+        *n_unresolved = unresolved;
+    maybe_reclaim(ix, in->part);
+    return held;
 }
 
 size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
@@ -1370,6 +1572,7 @@ void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn e
                     .position = e->pos,
                     .engine_hash = member_eh(e, s->id, &f),
                     .content_hash = e->content,
+                    .no_content = e->no_content,
                     .seq_hash = e->seq,
                 };
                 if (e->parent != KVI_NONE && !member_is_root(e, s->id)) {
@@ -1867,6 +2070,7 @@ void kvi_index_stats(const struct kvi_index *ix, struct kvi_index_stats *st)
         SUM(removed_blocks);
         SUM(parent_not_found);
         SUM(unknown_removes);
+        SUM(unknown_blocks);
         SUM(invalid_events);
 #undef SUM
     }

@@ -151,6 +151,8 @@ struct kvi_dump_block {
     uint64_t seq_hash; /* standard rolling hash of the prefix */
     bool has_parent;
     uint64_t parent_engine_hash; /* the same (instance, dp_rank)'s name of the parent */
+    bool no_content; /* placed by seq hash without tokens (kvi_index_store_seq_only): content_hash is
+                      * unknown and 0; replay the block with kvi_index_store_seq_only */
 };
 typedef void (*kvi_dump_fn)(void *ctx, const struct kvi_dump_block *b);
 
@@ -245,6 +247,17 @@ int kvi_index_store_seq(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
  * (looked up gpu first, then cpu, disk, external); it is added to @p tier
  * under the same engine hash, at that prefix. Hashes that resolve to nothing
  * are skipped (counted in kvi_index_stats.unknown_blocks). Single writer only.
+ *
+ * Details: blocks are added parents first (in position order, whatever the
+ * run's order). A block already held on @p tier under that hash counts as
+ * held (idempotent); one held on @p tier under another hash is renamed; a
+ * hash that names another prefix on @p tier drops that block (and its
+ * descendants in the slot) first. On a lower tier the block hangs below its
+ * parent when some tier of (instance, dp_rank) holds the parent, else it is
+ * a positional root (as kvi_index_store_seq without a parent). On the gpu
+ * tier a block whose parent the gpu slot does not hold is skipped and counted
+ * as unresolved (gpu holdings stay ancestor-closed). An invalid instance or
+ * tier resolves nothing (returns 0, *n_unresolved = n, no counter moves).
  * @param n_unresolved  receives the number of skipped hashes (may be NULL)
  * @return the number of blocks now held on @p tier from this run (0..n).
  */
@@ -255,13 +268,20 @@ size_t kvi_index_store_known(struct kvi_index *ix, uint32_t instance, uint32_t d
  * Store a run known only by standard seq hashes, without tokens (RFC 1527
  * publishers such as the Mooncake master): block i is the existing prefix
  * whose seq hash is @p seq[i] when the index has it (content known, so
- * content queries match too); otherwise it is placed by seq alone
+ * content queries match too; entries are per partition, so "has" means the
+ * instance's partition has it); otherwise it is placed by seq alone
  * (reachable by seq queries and tier walks only), as kvi_index_store_seq
  * does. Block i is named @p engine_hashes[i] in the slot (RFC 1527 streams
  * use the seq hash itself). Parent and position rules as kvi_index_store_seq.
+ * A block placed without tokens has an unknown content hash (dumped with
+ * no_content) until a store with tokens reaches the same seq hash. Placing
+ * one makes every later content query go through seq hashes, so a content
+ * query whose standard seq hashes equal @p seq matches it too. At position 0
+ * the content hash is known: it equals the seq hash (RFC 1527).
  * Single writer only.
  * @return 0, -ENOENT (unknown parent), -EINVAL (position > 0 with no parent on
- *         the gpu tier, or repeated engine hashes).
+ *         the gpu tier, repeated engine hashes, an invalid instance or tier,
+ *         or NULL arrays with n > 0).
  */
 int kvi_index_store_seq_only(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
                              bool has_parent, uint64_t parent_engine_hash, uint32_t position,

@@ -21,6 +21,9 @@
 #define KVI_ENTRY_CHUNK_SHIFT 12 /* 4096 entries (256 KiB) per chunk */
 #define KVI_ENTRY_CHUNK (1u << KVI_ENTRY_CHUNK_SHIFT)
 #define KVI_ENTRY_CHUNKS_MAX (1u << 16)
+#define KVI_ENTRY_IDX_BITS 28    /* entry indices < KVI_ENTRY_CHUNKS_MAX * KVI_ENTRY_CHUNK */
+_Static_assert((1ull << KVI_ENTRY_IDX_BITS) == (unsigned long long)KVI_ENTRY_CHUNKS_MAX * KVI_ENTRY_CHUNK,
+               "entry index bits");
 
 #define KVI_SLOT_CHUNK_SHIFT 10
 #define KVI_SLOT_CHUNK (1u << KVI_SLOT_CHUNK_SHIFT)
@@ -55,14 +58,18 @@ struct kvi_entry {
     uint64_t key;                    /* R: prefix key K, immutable while published */
     uint32_t pos;                    /* R: depth, immutable */
     _Atomic uint32_t gpu_n;          /* R: gpu members (release by writer) */
-    _Atomic uint32_t one;            /* R: the member slot when many == NULL; 0 = none */
+    _Atomic uint32_t one;            /* R: the member slot when many == NULL; 0 = none
+                                      * (stale while many != NULL) */
     uint32_t parent;                 /* parent entry, KVI_NONE at the root */
     _Atomic(struct kvi_mset *) many; /* R: member array once >1 member was seen */
     uint64_t seq;                    /* R (by_seq): standard seq hash, immutable */
-    uint64_t content;                /* content hash, immutable */
+    uint64_t content;                /* content hash (0 while no_content) */
     uint64_t one_eh;                 /* engine hash of the single member */
     uint32_t first_child;
-    uint32_t next_sibling;
+    uint32_t next_sibling : KVI_ENTRY_IDX_BITS;
+    uint32_t no_content : 1; /* placed by seq hash without tokens: content and
+                              * prefix key unknown (key is a seq-derived stand-in) */
+    uint32_t _flags : 31 - KVI_ENTRY_IDX_BITS;
 };
 _Static_assert(sizeof(struct kvi_entry) == KVI_CACHE_LINE, "entry is one cache line");
 
@@ -141,6 +148,7 @@ struct kvi_part {
     _Atomic uint64_t removed_blocks;
     _Atomic uint64_t parent_not_found;
     _Atomic uint64_t unknown_removes;
+    _Atomic uint64_t unknown_blocks;
     _Atomic uint64_t invalid_events;
     _Atomic uint64_t wgen; /* R: bumped on every membership change */
 } KVI_CACHE_ALIGNED;

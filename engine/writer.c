@@ -137,9 +137,22 @@ static void reclaim_dirty(struct kvi_writer *w)
     w->n_dirty = 0;
 }
 
+static enum kvi_op_outcome store_outcome(int r)
+{
+    return r == -ENOENT ? KVI_OUT_PARENT_NOT_FOUND : r < 0 ? KVI_OUT_INVALID : KVI_OUT_APPLIED;
+}
+
+/* Relaxed add to a sink counter (plain u64, shared with its readers). */
+static void sink_add(uint64_t *c, uint64_t v)
+{
+    if (v != 0)
+        __atomic_fetch_add(c, v, __ATOMIC_RELAXED);
+}
+
 static void apply(struct kvi_writer *w, struct kvi_op *op)
 {
     enum kvi_op_outcome out = KVI_OUT_APPLIED;
+    uint64_t stored = 0, removed = 0, unknown = 0; /* for the op's sink */
     switch (op->type) {
     case KVI_OP_STORE: {
         int r;
@@ -149,13 +162,43 @@ static void apply(struct kvi_writer *w, struct kvi_op *op)
         else
             r = kvi_index_store(op->ix, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
                                 op->parent_engine_hash, op->blocks, op->n);
-        out = r == -ENOENT ? KVI_OUT_PARENT_NOT_FOUND : r < 0 ? KVI_OUT_INVALID : KVI_OUT_APPLIED;
+        out = store_outcome(r);
+        stored = out == KVI_OUT_APPLIED ? op->n : 0;
         kvi_relaxed_add(&w->blocks_stored, op->n);
         mark_dirty(w, op->ix);
         break;
     }
+    case KVI_OP_STORE_KNOWN: {
+        size_t unres = 0;
+        stored = kvi_index_store_known(op->ix, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n,
+                                       &unres);
+        unknown = unres;
+        kvi_relaxed_add(&w->blocks_stored, op->n);
+        mark_dirty(w, op->ix);
+        break;
+    }
+    case KVI_OP_STORE_SEQ_ONLY: {
+        kvi_relaxed_add(&w->blocks_stored, op->n);
+        if (op->seq == NULL && op->n > 0) {
+            out = KVI_OUT_INVALID;
+            break;
+        }
+        /* the index takes the engine hashes as one array: compact them in
+         * place (hashes[i] overlays bytes of blocks[i / 2], already read) */
+        for (uint32_t i = 0; i < op->n; i++) {
+            uint64_t h = op->blocks[i].engine_hash;
+            op->hashes[i] = h;
+        }
+        int r = kvi_index_store_seq_only(op->ix, op->instance, op->dp_rank, (enum kvi_tier)op->tier,
+                                         op->has_parent, op->parent_engine_hash, op->position, op->hashes, op->seq,
+                                         op->n);
+        out = store_outcome(r);
+        stored = out == KVI_OUT_APPLIED ? op->n : 0;
+        mark_dirty(w, op->ix);
+        break;
+    }
     case KVI_OP_REMOVE:
-        kvi_index_remove(op->ix, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n);
+        removed = kvi_index_remove(op->ix, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n);
         kvi_relaxed_add(&w->hashes_removed, op->n);
         mark_dirty(w, op->ix);
         break;
@@ -179,7 +222,24 @@ static void apply(struct kvi_writer *w, struct kvi_op *op)
         break;
     }
     kvi_relaxed_add(&w->outcomes[out], 1);
+    if (unknown != 0)
+        kvi_relaxed_add(&w->outcomes[KVI_OUT_UNKNOWN_BLOCK], unknown);
+    struct kvi_op_sink *sink = op->sink;
+    if (sink != NULL) { /* before A1 of this burst: a flush sees these adds */
+        sink_add(&sink->outcomes[out], 1);
+        sink_add(&sink->outcomes[KVI_OUT_UNKNOWN_BLOCK], unknown);
+        sink_add(&sink->blocks_stored, stored);
+        sink_add(&sink->hashes_removed, removed);
+    }
     free(op);
+}
+
+void kvi_op_sink_read(const struct kvi_op_sink *sink, struct kvi_op_sink *out)
+{
+    for (int i = 0; i < KVI_OUT_COUNT; i++)
+        out->outcomes[i] = __atomic_load_n(&sink->outcomes[i], __ATOMIC_RELAXED);
+    out->blocks_stored = __atomic_load_n(&sink->blocks_stored, __ATOMIC_RELAXED);
+    out->hashes_removed = __atomic_load_n(&sink->hashes_removed, __ATOMIC_RELAXED);
 }
 
 static bool rings_empty(struct kvi_writer *w)

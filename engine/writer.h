@@ -45,23 +45,46 @@ enum kvi_op_type {
     KVI_OP_REMOVE_DP_RANK,   /* kvi_index_remove_dp_rank */
     KVI_OP_REMOVE_INSTANCE,  /* kvi_index_remove_instance */
     KVI_OP_CALL,             /* run fn(arg) on the writer thread */
-    KVI_OP_STORE_KNOWN,      /* kvi_index_store_known of hashes[0..n) */
-    KVI_OP_STORE_SEQ_ONLY,   /* kvi_index_store_seq_only: blocks[i].engine_hash + seq[i] */
+    KVI_OP_STORE_KNOWN,      /* kvi_index_store_known of hashes[0..n) (engine hashes) */
+    KVI_OP_STORE_SEQ_ONLY,   /* kvi_index_store_seq_only: blocks[i].engine_hash + seq[i];
+                              * parent / position as STORE with seq (content_hash unused;
+                              * allocate with kvi_op_alloc(n, true); seq NULL: INVALID) */
 };
 
-/** Outcome of an applied op, reported through the pool's counters. */
+/**
+ * Outcome of an applied op, reported through the pool's counters and the op's
+ * sink. Every op counts once under exactly one of APPLIED, PARENT_NOT_FOUND
+ * and INVALID; UNKNOWN_BLOCK counts hashes, not ops.
+ */
 enum kvi_op_outcome {
-    KVI_OUT_APPLIED,
-    KVI_OUT_PARENT_NOT_FOUND,
-    KVI_OUT_INVALID,
-    KVI_OUT_UNKNOWN_BLOCK,   /* token-less store hashes that resolved to nothing, per hash */
+    KVI_OUT_APPLIED,          /* the op was applied (STORE_KNOWN always is, even partly) */
+    KVI_OUT_PARENT_NOT_FOUND, /* a store rejected with -ENOENT */
+    KVI_OUT_INVALID,          /* a store rejected with -EINVAL, or an unknown op type */
+    KVI_OUT_UNKNOWN_BLOCK,    /* STORE_KNOWN hashes that resolved to nothing, per hash */
     KVI_OUT_COUNT,
 };
 
 /**
  * Where a writer reports the outcomes of the ops that point at it (a listener's
- * counters, say). The writer adds with relaxed atomics; readers load relaxed.
- * Owned by the submitter; must outlive every op that points at it (flush first).
+ * counters, say). The writer adds with relaxed atomics; readers load relaxed
+ * (kvi_op_sink_read). Owned by the submitter (zero it before use); must
+ * outlive every op that points at it (flush first). Several producers and
+ * writers may share one sink. After kvi_producer_flush returns, the sink
+ * includes every op that producer submitted.
+ *
+ * For each applied op with op->sink set, the writer adds:
+ *   outcomes[o]        1, o = the op's outcome (APPLIED, PARENT_NOT_FOUND or
+ *                      INVALID), for every op type (CALL and clears included);
+ *   outcomes[UNKNOWN_BLOCK]  STORE_KNOWN: the hashes that resolved to nothing;
+ *   blocks_stored      STORE, STORE_SEQ_ONLY: n when the outcome is APPLIED
+ *                      (0 when rejected); STORE_KNOWN: the blocks now held on
+ *                      the op's tier from the run (kvi_index_store_known's
+ *                      return); other ops: 0;
+ *   hashes_removed     REMOVE: the hashes the slot knew (kvi_index_remove's
+ *                      return; cascaded descendants are not counted); other
+ *                      ops: 0.
+ * (The writer's own kvi_writer_stats count differently: blocks and hashes of
+ * every store and remove op, whatever its outcome.)
  */
 struct kvi_op_sink {
     uint64_t outcomes[KVI_OUT_COUNT]; /* ops by outcome (UNKNOWN_BLOCK: hashes) */
@@ -78,21 +101,21 @@ struct kvi_op {
     uint8_t tier;        /* enum kvi_tier */
     bool has_parent;
     uint8_t _pad;
-    uint32_t n;          /* blocks (STORE) or hashes (REMOVE) */
+    uint32_t n;          /* blocks (STORE, STORE_SEQ_ONLY) or hashes (REMOVE, STORE_KNOWN) */
     struct kvi_index *ix;
     uint32_t instance;
     uint32_t dp_rank;
     uint64_t parent_engine_hash;
-    uint32_t position;   /* STORE with seq and no parent */
+    uint32_t position;   /* STORE with seq, STORE_SEQ_ONLY: without a parent */
     uint32_t _pad2;
     uint64_t enq_ns;     /* set by submit: for writer lag */
     void (*fn)(void *arg, uint32_t writer); /* CALL */
     void *arg;
-    uint64_t *seq;       /* STORE: standard seq hashes, or NULL */
+    uint64_t *seq;       /* STORE: standard seq hashes, or NULL; STORE_SEQ_ONLY: required */
     struct kvi_op_sink *sink; /* optional: outcome counters of this op's source */
     union {
-        struct kvi_block blocks[0]; /* STORE */
-        uint64_t hashes[0];         /* REMOVE */
+        struct kvi_block blocks[0]; /* STORE, STORE_SEQ_ONLY */
+        uint64_t hashes[0];         /* REMOVE, STORE_KNOWN */
     };
 };
 
@@ -102,9 +125,9 @@ struct kvi_producer;
 /** Per-writer counters. */
 struct kvi_writer_stats {
     uint64_t ops;                       /* ops applied */
-    uint64_t outcomes[KVI_OUT_COUNT];   /* by outcome */
-    uint64_t blocks_stored;             /* blocks in applied store ops */
-    uint64_t hashes_removed;            /* hashes in applied remove ops */
+    uint64_t outcomes[KVI_OUT_COUNT];   /* ops by outcome (UNKNOWN_BLOCK: hashes) */
+    uint64_t blocks_stored;             /* n of every store op applied (any type or outcome) */
+    uint64_t hashes_removed;            /* n of every remove op applied */
     uint64_t queued;                    /* ops submitted but not applied yet */
     uint64_t max_lag_ns;                /* largest submit -> apply delay seen */
     uint64_t last_lag_ns;
@@ -141,9 +164,12 @@ struct kvi_producer *kvi_producer_create(struct kvi_writer_pool *pool);
 void kvi_producer_destroy(struct kvi_producer *p);
 
 /**
- * Allocate an op with room for @p n blocks (STORE) or hashes (REMOVE), zeroed
- * header. Aborts on out-of-memory (control of memory is the caller's job).
- * @param with_seq  also allocate room for n seq hashes (op->seq)
+ * Allocate an op with room for @p n blocks (STORE, STORE_SEQ_ONLY) or hashes
+ * (REMOVE, STORE_KNOWN: the union is sized for blocks, so either fits),
+ * zeroed header (sink NULL). Aborts on out-of-memory (control of memory is
+ * the caller's job).
+ * @param with_seq  also allocate room for n seq hashes (op->seq): STORE with
+ *                  seq hashes and STORE_SEQ_ONLY
  */
 struct kvi_op *kvi_op_alloc(uint32_t n, bool with_seq);
 
@@ -188,6 +214,12 @@ void kvi_producer_dump(struct kvi_producer *p, struct kvi_index *ix, kvi_dump_fn
  * producer submits ops for @p ix any more. Owning thread of @p p only.
  */
 void kvi_producer_forget_index(struct kvi_producer *p, struct kvi_index *ix);
+
+/**
+ * Read a sink's counters (relaxed loads; any thread). Each counter is exact
+ * for the ops applied so far, but the counters are not one snapshot.
+ */
+void kvi_op_sink_read(const struct kvi_op_sink *sink, struct kvi_op_sink *out);
 
 /** Counters of writer @p w (approximate while running). */
 void kvi_writer_stats(const struct kvi_writer_pool *pool, uint32_t w, struct kvi_writer_stats *st);

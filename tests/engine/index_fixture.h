@@ -197,6 +197,17 @@ static inline uint32_t fx_inst(struct fx *f, uint64_t id, bool shared)
 /* Worker id -> dense instance id (interned on first use). */
 static inline uint32_t fx_w(struct fx *f, uint64_t id) { return fx_inst(f, id, false); }
 
+/* A worker in the partition of instance `other`: interns ids from `id` on
+ * until one lands there (entries are shared within a partition only). */
+static inline uint32_t fx_w_near(struct fx *f, uint64_t id, uint32_t other)
+{
+    for (;; id++) {
+        uint32_t w = fx_w(f, id);
+        if (kvi_index_partition_of(f->ix, w) == kvi_index_partition_of(f->ix, other))
+            return w;
+    }
+}
+
 /* c[i] = first + i */
 static inline void fx_range(uint64_t *c, size_t n, uint64_t first)
 {
@@ -534,6 +545,7 @@ struct fx_tuple {
     uint64_t eh, ch, peh;
     uint32_t pos;
     uint64_t seq;
+    uint32_t no_content; /* content unknown (placed by seq hash without tokens) */
 };
 
 struct fx_snap {
@@ -565,6 +577,7 @@ static int fx_cmp_tuple(const void *a, const void *b)
     if (x->fld != y->fld)                                                                          \
         return x->fld < y->fld ? -1 : 1;
     FX_C(id) FX_C(rank) FX_C(tier) FX_C(eh) FX_C(ch) FX_C(has_parent) FX_C(peh) FX_C(pos) FX_C(seq) FX_C(shared)
+    FX_C(no_content)
 #undef FX_C
     return 0;
 }
@@ -624,7 +637,10 @@ static void fx_dump_emit(void *ctx, const struct kvi_dump_block *b)
         .peh = b->has_parent ? b->parent_engine_hash : 0,
         .pos = b->position,
         .seq = b->seq_hash,
+        .no_content = b->no_content,
     };
+    FX_CHECK(s->line, !b->no_content || b->content_hash == 0, "dump: block %" PRIx64 " without content has content %" PRIx64,
+             b->engine_hash, b->content_hash);
     s->n++;
 }
 
@@ -655,9 +671,9 @@ static inline void fx_snap_free(struct fx_snap *s)
 static inline void fx_print_tuple(const char *what, const struct fx_tuple *t)
 {
     print_error("    %s: worker %" PRIu64 "%s rank %u tier %u eh %" PRIx64 " content %" PRIx64 " parent %s%" PRIx64
-                " pos %u seq %" PRIx64 "\n",
+                " pos %u seq %" PRIx64 "%s\n",
                 what, t->id, t->shared ? " (shared)" : "", t->rank, t->tier, t->eh, t->ch,
-                t->has_parent ? "" : "none/", t->peh, t->pos, t->seq);
+                t->has_parent ? "" : "none/", t->peh, t->pos, t->seq, t->no_content ? " (no content)" : "");
 }
 
 static inline bool fx_snap_equal(int line, const struct fx_snap *a, const struct fx_snap *b, const char *what)
@@ -688,10 +704,18 @@ static inline void fx_expect_snap(struct fx *f, int line, const struct fx_snap *
 /*
  * Replay a dump (raw blocks in emit order) into dst: each block becomes a
  * single-block store; a block without a parent at position > 0 is placed by
- * its position and seq hash (kvi_index_store_seq).
+ * its position and seq hash (kvi_index_store_seq); a block without content
+ * goes through kvi_index_store_seq_only (parent or position the same way).
  */
 static inline void fx_replay(const struct fx_snap *s, struct kvi_index *dst, int line)
 {
+    /* intern the source's instances in its dense order first: the same dense
+     * ids give the same partitions, and so the same entry sharing (which
+     * decides whether a block placed without tokens knows its content) */
+    uint64_t pid;
+    bool psh;
+    for (uint32_t d = 0; kvi_index_instance_info((struct kvi_index *)s->ix, d, &pid, NULL, &psh) == 0; d++)
+        assert_true(kvi_index_intern_instance(dst, pid, NULL, psh) >= 0);
     for (size_t i = 0; i < s->n; i++) {
         const struct kvi_dump_block *b = &s->raw[i];
         bool sh = false;
@@ -700,7 +724,10 @@ static inline void fx_replay(const struct fx_snap *s, struct kvi_index *dst, int
         assert_true(d >= 0);
         struct kvi_block blk = {.engine_hash = b->engine_hash, .content_hash = b->content_hash};
         int rc;
-        if (b->has_parent)
+        if (b->no_content)
+            rc = kvi_index_store_seq_only(dst, (uint32_t)d, b->dp_rank, b->tier, b->has_parent, b->parent_engine_hash,
+                                          b->has_parent ? 0 : b->position, &b->engine_hash, &b->seq_hash, 1);
+        else if (b->has_parent)
             rc = kvi_index_store(dst, (uint32_t)d, b->dp_rank, b->tier, true, b->parent_engine_hash, &blk, 1);
         else if (b->position == 0)
             rc = kvi_index_store(dst, (uint32_t)d, b->dp_rank, b->tier, false, 0, &blk, 1);

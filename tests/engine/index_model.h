@@ -246,6 +246,8 @@ struct km_pfx {
     uint32_t pos;    /* position of the last block */
     uint64_t content;
     uint64_t seq; /* standard rolling hash of the prefix */
+    bool placed;  /* ever the first block of a run placed by position: the index's
+                   * entry may then not know its parent (see km_store_known) */
 };
 
 struct km_slot {
@@ -549,6 +551,7 @@ static inline int km_store_any(struct km_model *m, uint32_t inst, uint32_t rank,
         placed = km_seq_pid(m, seq[0], position);
         if (placed == KM_ROOT || m->pf[placed].content != b[0].content_hash)
             abort(); /* the workload only places prefixes the model knows */
+        m->pf[placed].placed = true;
     }
     struct km_slot *s = km_slot_find(m, inst, rank, tier);
     if (s == NULL)
@@ -611,6 +614,103 @@ static inline int km_store(struct km_model *m, uint32_t inst, uint32_t rank, enu
                            uint64_t peh, const struct kvi_block *b, size_t n)
 {
     return km_store_any(m, inst, rank, tier, has_parent, peh, 0, b, NULL, n);
+}
+
+/* The prefix (inst, rank) names eh, looked up gpu, cpu, disk, external. */
+static inline uint32_t km_resolve_known(const struct km_model *m, uint32_t inst, uint32_t rank, uint64_t eh)
+{
+    for (int t = 0; t < KVI_TIER_COUNT; t++) {
+        const struct km_slot *s = km_slot_find(m, inst, rank, (enum kvi_tier)t);
+        uint64_t pid;
+        if (s != NULL && km_map_get(&s->by_eh, eh, &pid))
+            return (uint32_t)pid;
+    }
+    return KM_ROOT;
+}
+
+static inline bool km_rank_holds(const struct km_model *m, uint32_t inst, uint32_t rank, uint32_t pid)
+{
+    for (uint32_t i = 0; i < m->n_slots; i++)
+        if (m->slots[i].instance == inst && m->slots[i].rank == rank && km_holds(&m->slots[i], pid))
+            return true;
+    return false;
+}
+
+/*
+ * kvi_index_store_known, from its documentation: each hash is resolved to the
+ * prefix (inst, rank) names by it (gpu first), applied in position order; a
+ * block already held under the hash counts; the target slot's other meaning
+ * of the hash is removed first (with descendants); a held prefix under
+ * another name is renamed; a new block hangs below its parent when the slot
+ * (gpu) or some tier of the rank (lower tiers) holds the parent, else it is a
+ * positional root (lower tiers) or skipped (gpu). The parent is the true
+ * parent prefix: the index knows it unless the prefix's entry was placed by
+ * position and never linked, which the workload avoids (km_pfx.placed).
+ * @return blocks held on the tier from the run; *unres skipped hashes.
+ */
+static inline size_t km_store_known(struct km_model *m, uint32_t inst, uint32_t rank, enum kvi_tier tier,
+                                    const uint64_t *ehs, size_t n, size_t *unres)
+{
+    *unres = 0;
+    if (inst >= m->n_instances || (unsigned)tier >= KVI_TIER_COUNT) {
+        *unres = n;
+        return 0;
+    }
+    uint64_t *order = km_alloc((n + 1) * sizeof(uint64_t));
+    for (size_t i = 0; i < n; i++) { /* (position, index), sorted: stable by index */
+        uint32_t pid = km_resolve_known(m, inst, rank, ehs[i]);
+        order[i] = ((uint64_t)(pid == KM_ROOT ? 0 : m->pf[pid].pos) << 32) | i;
+    }
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && order[j - 1] > order[j]; j--) {
+            uint64_t t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    size_t held = 0;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t eh = ehs[(uint32_t)order[k]];
+        uint32_t pid = km_resolve_known(m, inst, rank, eh);
+        if (pid == KM_ROOT) {
+            (*unres)++;
+            continue;
+        }
+        struct km_slot *s = km_slot_find(m, inst, rank, tier);
+        uint64_t have;
+        if (s != NULL && km_map_get(&s->by_eh, eh, &have)) {
+            if ((uint32_t)have == pid) {
+                held++;
+                continue;
+            }
+            km_remove_cascade(m, s, (uint32_t)have);
+        }
+        bool root = false;
+        const struct km_pfx *pf = &m->pf[pid];
+        if (pf->parent != KM_ROOT) {
+            bool linked = tier == KVI_TIER_GPU ? km_holds(s, pf->parent) : km_rank_holds(m, inst, rank, pf->parent);
+            if (!linked && tier == KVI_TIER_GPU) {
+                (*unres)++;
+                continue;
+            }
+            root = !linked;
+        }
+        if (s == NULL)
+            s = km_slot_create(m, inst, rank, tier);
+        uint64_t old_eh;
+        if (km_map_get(&s->by_pid, pid, &old_eh)) {
+            km_map_del(&s->by_eh, old_eh);
+            km_map_put(&s->by_pid, pid, eh);
+            km_map_put(&s->by_eh, eh, pid);
+        } else {
+            km_block_add(m, s, pid, eh);
+            if (root)
+                km_map_put(&s->roots, pid, 1);
+        }
+        held++;
+    }
+    free(order);
+    m->st.unknown_blocks += *unres;
+    return held;
 }
 
 /* @return the number of engine hashes that were known when reached */
@@ -913,7 +1013,7 @@ static inline void kw_corpus_free(struct kw_corpus *c)
 
 /* ---- operations ------------------------------------------------------------------ */
 
-enum kw_kind { KW_STORE, KW_REMOVE, KW_CLEAR, KW_REMOVE_RANK, KW_REMOVE_INSTANCE };
+enum kw_kind { KW_STORE, KW_REMOVE, KW_CLEAR, KW_REMOVE_RANK, KW_REMOVE_INSTANCE, KW_STORE_KNOWN };
 
 struct kw_op {
     enum kw_kind kind;
@@ -925,6 +1025,7 @@ struct kw_op {
     uint32_t n;
     struct kvi_block *b; /* store: the run; remove: engine_hash only */
     uint64_t *seq;       /* non-NULL: kvi_index_store_seq with these seq hashes */
+    bool tokenless;      /* with seq: kvi_index_store_seq_only (content hashes for the model only) */
     uint32_t position;   /* store_seq: position of a run without parent */
     uint64_t *above;     /* store_seq placed at position: content of positions 0 .. position-1 (for
                           * the model only: what prefix the seq hash names) */
@@ -939,6 +1040,7 @@ static inline const char *kw_kind_name(enum kw_kind k)
     case KW_CLEAR: return "clear";
     case KW_REMOVE_RANK: return "remove_dp_rank";
     case KW_REMOVE_INSTANCE: return "remove_instance";
+    case KW_STORE_KNOWN: return "store_known";
     }
     return "?";
 }
@@ -948,11 +1050,11 @@ static inline void kw_op_print(FILE *f, const struct kw_op *op)
     fprintf(f, "%s(%s) inst %u", kw_kind_name(op->kind), op->why ? op->why : "", op->inst);
     if (op->kind == KW_STORE || op->kind == KW_REMOVE || op->kind == KW_REMOVE_RANK)
         fprintf(f, " rank %u", op->rank);
-    if (op->kind == KW_STORE || op->kind == KW_REMOVE)
+    if (op->kind == KW_STORE || op->kind == KW_REMOVE || op->kind == KW_STORE_KNOWN)
         fprintf(f, " %s", kvi_tier_name(op->tier));
     if (op->kind == KW_STORE) {
         if (op->seq != NULL)
-            fprintf(f, " (store_seq)");
+            fprintf(f, op->tokenless ? " (store_seq_only)" : " (store_seq)");
         if (op->has_parent)
             fprintf(f, " parent %#" PRIx64, op->peh);
         else if (op->seq != NULL && op->position > 0)
@@ -960,7 +1062,7 @@ static inline void kw_op_print(FILE *f, const struct kw_op *op)
         else
             fprintf(f, " root");
     }
-    if (op->kind == KW_STORE || op->kind == KW_REMOVE) {
+    if (op->kind == KW_STORE || op->kind == KW_REMOVE || op->kind == KW_STORE_KNOWN) {
         fprintf(f, " [");
         for (uint32_t i = 0; i < op->n; i++) {
             if (op->kind == KW_STORE)
@@ -1028,6 +1130,15 @@ static inline long kw_apply_model(struct km_model *m, const struct kw_op *op)
     case KW_CLEAR: km_clear(m, op->inst); return 0;
     case KW_REMOVE_RANK: km_remove_dp_rank(m, op->inst, op->rank); return 0;
     case KW_REMOVE_INSTANCE: km_remove_instance(m, op->inst); return 0;
+    case KW_STORE_KNOWN: {
+        uint64_t *ehs = km_alloc((op->n + 1) * sizeof(uint64_t));
+        for (uint32_t i = 0; i < op->n; i++)
+            ehs[i] = op->b[i].engine_hash;
+        size_t unres;
+        long k = (long)km_store_known(m, op->inst, op->rank, op->tier, ehs, op->n, &unres);
+        free(ehs);
+        return k;
+    }
     }
     return 0;
 }
@@ -1037,6 +1148,15 @@ static inline long kw_apply_index(struct kvi_index *ix, const struct kw_op *op)
 {
     switch (op->kind) {
     case KW_STORE:
+        if (op->seq != NULL && op->tokenless) {
+            uint64_t *ehs = km_alloc((op->n + 1) * sizeof(uint64_t));
+            for (uint32_t i = 0; i < op->n; i++)
+                ehs[i] = op->b[i].engine_hash;
+            long rc = kvi_index_store_seq_only(ix, op->inst, op->rank, op->tier, op->has_parent, op->peh,
+                                               op->position, ehs, op->seq, op->n);
+            free(ehs);
+            return rc;
+        }
         if (op->seq != NULL)
             return kvi_index_store_seq(ix, op->inst, op->rank, op->tier, op->has_parent, op->peh, op->position, op->b,
                                        op->seq, op->n);
@@ -1052,6 +1172,14 @@ static inline long kw_apply_index(struct kvi_index *ix, const struct kw_op *op)
     case KW_CLEAR: kvi_index_clear(ix, op->inst); return 0;
     case KW_REMOVE_RANK: kvi_index_remove_dp_rank(ix, op->inst, op->rank); return 0;
     case KW_REMOVE_INSTANCE: kvi_index_remove_instance(ix, op->inst); return 0;
+    case KW_STORE_KNOWN: {
+        uint64_t *ehs = km_alloc((op->n + 1) * sizeof(uint64_t));
+        for (uint32_t i = 0; i < op->n; i++)
+            ehs[i] = op->b[i].engine_hash;
+        long k = (long)kvi_index_store_known(ix, op->inst, op->rank, op->tier, ehs, op->n, NULL);
+        free(ehs);
+        return k;
+    }
     }
     return 0;
 }
@@ -1072,6 +1200,8 @@ struct kw_gen {
     bool wild;        /* also unknown instances and invalid tiers */
     bool corners;     /* engine hashes re-used for other blocks, blocks placed below held ones */
     bool placements;  /* lower-tier runs placed by position (store_seq without parent) */
+    bool known_ops;   /* token-less stores by engine hash (kvi_index_store_known) */
+    bool tokenless;   /* some store_seq runs without tokens (kvi_index_store_seq_only) */
     uint32_t w_clear, w_remove_rank, w_remove_instance; /* weights, per mille */
     struct kw_op hist[KW_HISTORY]; /* recent stores, for duplicates */
     uint32_t n_hist, hist_at;
@@ -1357,6 +1487,7 @@ static inline void kw_gen_chain(struct kw_gen *g, struct km_model *m, struct kw_
             g->seqbuf[i] = m->pf[pids[start + i]].seq;
         op->seq = g->seqbuf;
         op->position = start;
+        op->tokenless = g->tokenless && kr_chance(&g->rng, 400);
         /* a lower-tier stretch may also be placed by position alone */
         if (lower && start > 0 && g->placements && kr_chance(&g->rng, KW_PLACED_PERMILLE)) {
             op->has_parent = false;
@@ -1560,6 +1691,7 @@ static inline void kw_gen_next(struct kw_gen *g, struct km_model *m, struct kw_o
                 }
             }
             op->seq = g->seqbuf;
+            op->tokenless = g->tokenless && kr_chance(&g->rng, 400);
         } else if (x >= 940 && x < 970) { /* new blocks placed by position right below a held one */
             const struct km_slot *s = g->corners && g->placements ? kw_random_slot(g, m, false) : NULL;
             if (s == NULL || s->tier == KVI_TIER_GPU)
@@ -1582,6 +1714,27 @@ static inline void kw_gen_next(struct kw_gen *g, struct km_model *m, struct kw_o
                 g->seqbuf[i] = m->pf[cur].seq;
             }
             op->seq = g->seqbuf;
+        } else if (x >= 970 && g->known_ops) { /* offload / reload by engine hash alone */
+            const struct km_slot *s = kw_random_slot(g, m, kr_chance(&g->rng, 600));
+            if (s == NULL)
+                continue;
+            op->kind = KW_STORE_KNOWN;
+            op->why = "known";
+            op->inst = s->instance;
+            op->rank = s->rank;
+            uint32_t t = kr_below(&g->rng, 10);
+            op->tier = t < 2 ? KVI_TIER_GPU : t < 6 ? KVI_TIER_CPU : t < 9 ? KVI_TIER_DISK : KVI_TIER_EXTERNAL;
+            op->n = 1 + kr_below(&g->rng, 5);
+            for (uint32_t i = 0; i < op->n; i++) {
+                uint64_t eh;
+                uint32_t pid = kw_random_block(g, s, &eh);
+                /* an entry placed by position may not know its parent: keep
+                 * the model's true parent and the index's the same */
+                if (m->pf[pid].placed || kr_chance(&g->rng, 100))
+                    eh = kw_unknown_eh(g, m, s->instance, s->rank);
+                g->buf[i].engine_hash = eh;
+            }
+            return;
         } else if (g->wild && x < 900) { /* unknown instance / bad tier */
             uint32_t v = kr_below(&g->rng, 4);
             op->inst = v == 3 ? kw_pick_inst(g) : g->n_valid + kr_below(&g->rng, 5);

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "index_fixture.h"
+#include "engine/index_internal.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -1501,6 +1502,318 @@ SCENARIO(dump_cross_tier_parent, 16)
 }
 
 /* ======================================================================== */
+/* token-less stores: kvi_index_store_known, kvi_index_store_seq_only       */
+/* ======================================================================== */
+
+/* The rows of a snapshot for one worker id and tier, by position (at most n). */
+static size_t snap_rows(const struct fx_snap *sn, uint64_t id, enum kvi_tier tier, struct fx_tuple *out, size_t n)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < sn->n; i++)
+        if (sn->t[i].id == id && sn->t[i].tier == (uint32_t)tier && m < n)
+            out[m++] = sn->t[i];
+    for (size_t i = 1; i < m; i++) /* insertion sort by position */
+        for (size_t j = i; j > 0 && out[j - 1].pos > out[j].pos; j--) {
+            struct fx_tuple t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    return m;
+}
+
+/* Offload placeholders: a worker's gpu blocks stored again on cpu and disk by
+ * engine hash alone, resolved through the worker's own names on other tiers. */
+SCENARIO(known_offload, 16)
+{
+    f->tiered_same = false;
+    uint64_t c[6] = {1, 2, 3, 4, 5, 6};
+    uint64_t *s = fx_seqs(c, 6);
+    uint32_t w0 = fx_w(f, 0), w1 = fx_w(f, 1);
+    STORE(f, w0, c, 0, 6);
+    STORE(f, w1, c, 0, 2);
+    struct kvi_index_stats st0 = stats_of(f);
+    size_t unres = 99;
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_CPU, s, 6, &unres), 6);
+    CHECK_EQ(unres, 0);
+    CHECK_EQ(stats_of(f).holdings, st0.holdings + 6);
+    CHECK_EQ(stats_of(f).entries, st0.entries); /* the same prefixes */
+    EXPECT(f, c, 6, {w0, 0, 6, 6}, {w1, 0, 2, 2});
+    TIERED(f, c, 6, {w0, 0, 6, 6, 6, 6}, {w1, 0, 2, 2, 2, 2});
+    /* the gpu evicts blocks 3..5 (block 3 takes its descendants along): cpu keeps them */
+    CHECK_EQ(REMOVE(f, w0, c, 3, 4), 1);
+    EXPECT(f, c, 6, {w0, 0, 3, 3}, {w1, 0, 2, 2});
+    TIERED(f, c, 6, {w0, 0, 3, 6, 6, 3}, {w1, 0, 2, 2, 2, 2});
+    /* disk, out of order and with an unknown hash: 5 and 4 now resolve through cpu */
+    uint64_t d[3] = {s[5], 0x777, s[4]};
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_DISK, d, 3, &unres), 2);
+    CHECK_EQ(unres, 1);
+    struct kvi_index_stats st1 = stats_of(f);
+    CHECK_EQ(st1.unknown_blocks, st0.unknown_blocks + 1);
+    /* cpu drops 4 (and 5 below it): cpu reaches 4, the disk continues to 6 */
+    CHECK_EQ(fx_remove_tier(f, w0, 0, KVI_TIER_CPU, c, 4, 5, false), 1);
+    TIERED(f, c, 6, {w0, 0, 3, 4, 6, 3}, {w1, 0, 2, 2, 2, 2});
+    EXPECT(f, c, 6, {w0, 0, 3, 3}, {w1, 0, 2, 2});
+    /* idempotent (no unresolved count wanted) */
+    st1 = stats_of(f);
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_DISK, d, 3, NULL), 2);
+    struct kvi_index_stats st2 = stats_of(f);
+    CHECK_EQ(st2.holdings, st1.holdings);
+    CHECK_EQ(st2.stored_blocks, st1.stored_blocks);
+    CHECK_EQ(st2.unknown_blocks, st1.unknown_blocks + 1);
+    /* names are per (instance, dp_rank): another worker's or rank's resolve
+     * nothing, and create no slot */
+    CHECK_EQ(kvi_index_store_known(f->ix, w1, 0, KVI_TIER_CPU, s + 2, 4, &unres), 0);
+    CHECK_EQ(unres, 4);
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 1, KVI_TIER_CPU, s, 2, &unres), 0);
+    CHECK_EQ(unres, 2);
+    CHECK_EQ(stats_of(f).slots, st2.slots);
+    /* invalid instance or tier: nothing resolves, no counter moves */
+    CHECK_EQ(kvi_index_store_known(f->ix, 4000, 0, KVI_TIER_CPU, s, 2, &unres), 0);
+    CHECK_EQ(unres, 2);
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, (enum kvi_tier)9, s, 2, &unres), 0);
+    CHECK_EQ(unres, 2);
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_CPU, s, 0, &unres), 0);
+    CHECK_EQ(unres, 0);
+    CHECK_EQ(stats_of(f).unknown_blocks, st2.unknown_blocks + 6);
+    /* the disk blocks hang below their cpu parent in the dump */
+    struct fx_snap sn;
+    struct fx_tuple rows[8];
+    fx_snapshot(f->ix, __LINE__, &sn);
+    CHECK_EQ(snap_rows(&sn, 0, KVI_TIER_DISK, rows, 8), 2);
+    CHECK(rows[0].pos == 4 && rows[0].has_parent && rows[0].peh == s[3] && rows[0].ch == c[4]);
+    CHECK(rows[1].pos == 5 && rows[1].has_parent && rows[1].peh == s[4] && rows[1].ch == c[5]);
+    fx_snap_free(&sn);
+    const struct fx_q qs[] = {{c, 6}};
+    fx_round_trip(f, __LINE__, qs, ARRAY_LEN(qs));
+    free(s);
+}
+
+/* On the gpu tier a token-less block needs its parent on the gpu tier
+ * (holdings stay ancestor-closed); runs are applied parents first. */
+SCENARIO(known_gpu_rules, 16)
+{
+    f->tiered_same = false;
+    uint64_t c[4] = {1, 2, 3, 4};
+    uint64_t *s = fx_seqs(c, 4);
+    uint32_t w0 = fx_w(f, 0);
+    STORE_AT(f, w0, 0, KVI_TIER_CPU, c, 0, 4);
+    EXPECT_NONE(f, c, 4);
+    size_t unres = 99;
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_GPU, s, 2, &unres), 2); /* reloaded onto the gpu */
+    CHECK_EQ(unres, 0);
+    EXPECT(f, c, 4, {w0, 0, 2, 2});
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_GPU, s + 3, 1, &unres), 0); /* parent 2 not on gpu */
+    CHECK_EQ(unres, 1);
+    EXPECT(f, c, 4, {w0, 0, 2, 2});
+    uint64_t rev[2] = {s[3], s[2]};
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_GPU, rev, 2, &unres), 2);
+    CHECK_EQ(unres, 0);
+    EXPECT(f, c, 4, {w0, 0, 4, 4});
+    TIERED(f, c, 4, {w0, 0, 4, 4, 4, 4});
+    /* a gpu removal cascades on the gpu only */
+    CHECK_EQ(REMOVE(f, w0, c, 1, 2), 1);
+    EXPECT(f, c, 4, {w0, 0, 1, 1});
+    TIERED(f, c, 4, {w0, 0, 1, 4, 4, 1});
+    const struct fx_q qs[] = {{c, 4}};
+    fx_round_trip(f, __LINE__, qs, ARRAY_LEN(qs));
+    free(s);
+}
+
+/* Names on the target tier: the same prefix under another name is renamed;
+ * a name that means another prefix there drops that block first. */
+SCENARIO(known_renames, 16)
+{
+    f->tiered_same = false;
+    uint64_t c[3] = {1, 2, 3}, o[3] = {7, 8, 9};
+    uint64_t *s = fx_seqs(c, 3);
+    uint64_t cpu_names[3] = {0xc1, 0xc2, 0xc3};
+    uint32_t w0 = fx_w(f, 0);
+    STORE(f, w0, c, 0, 3);
+    CHECK_EQ(fx_store_eh(f, w0, 0, KVI_TIER_CPU, c, cpu_names, 0, 3), 0);
+    struct kvi_index_stats st = stats_of(f);
+    size_t unres = 99;
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_CPU, s, 3, &unres), 3);
+    CHECK_EQ(unres, 0);
+    CHECK_EQ(stats_of(f).holdings, st.holdings); /* renamed, not added */
+    CHECK_EQ(kvi_index_remove(f->ix, w0, 0, KVI_TIER_CPU, cpu_names, 3), 0);
+    TIERED(f, c, 3, {w0, 0, 3, 3, 3, 3});
+    /* the disk names [7,8,9] with the gpu's names of [1,2,3] */
+    CHECK_EQ(fx_store_eh(f, w0, 0, KVI_TIER_DISK, o, s, 0, 3), 0);
+    TIERED(f, o, 3, {w0, 0, 0, 0, 3, 3});
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_DISK, s, 1, &unres), 1); /* gpu's s[0] wins */
+    CHECK_EQ(unres, 0);
+    fx_expect_tiered(f, __LINE__, o, 3, NULL, 0); /* [7,8,9] went with its root */
+    TIERED(f, c, 3, {w0, 0, 3, 3, 3, 3});
+    struct fx_snap sn;
+    struct fx_tuple rows[4];
+    fx_snapshot(f->ix, __LINE__, &sn);
+    CHECK_EQ(snap_rows(&sn, 0, KVI_TIER_DISK, rows, 4), 1);
+    CHECK(rows[0].eh == s[0] && rows[0].ch == c[0] && rows[0].pos == 0);
+    fx_snap_free(&sn);
+    const struct fx_q qs[] = {{c, 3}, {o, 3}};
+    fx_round_trip(f, __LINE__, qs, ARRAY_LEN(qs));
+    free(s);
+}
+
+/* A token-less lower-tier block whose parent no tier of the worker holds is
+ * a positional root: removals above it never take it along. */
+SCENARIO(known_positional_root, 16)
+{
+    f->tiered_same = false;
+    uint64_t c[5] = {1, 2, 3, 4, 5};
+    uint64_t *s = fx_seqs(c, 5);
+    uint32_t w0 = fx_w(f, 0);
+    STORE(f, w0, c, 0, 2);
+    /* cpu: [3,4] placed by position 2 (no parent named) */
+    struct kvi_block placed[2] = {{0xa2, 3}, {0xa3, 4}};
+    CHECK_EQ(kvi_index_store_seq(f->ix, w0, 0, KVI_TIER_CPU, false, 0, 2, placed, s + 2, 2), 0);
+    TIERED(f, c, 5, {w0, 0, 2, 4, 4, 2});
+    size_t unres = 99;
+    uint64_t names[2] = {0xa3, 0xa2};
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_DISK, names, 2, &unres), 2);
+    CHECK_EQ(unres, 0);
+    /* the cpu root goes with its child; the disk copies stay */
+    CHECK_EQ(kvi_index_remove(f->ix, w0, 0, KVI_TIER_CPU, &names[1], 1), 1);
+    TIERED(f, c, 5, {w0, 0, 2, 2, 4, 2});
+    /* the gpu losing block 1 changes no lower tier */
+    CHECK_EQ(REMOVE(f, w0, c, 1, 2), 1);
+    TIERED(f, c, 5, {w0, 0, 1, 1, 1, 1});
+    struct fx_snap sn;
+    struct fx_tuple rows[4];
+    fx_snapshot(f->ix, __LINE__, &sn);
+    CHECK_EQ(snap_rows(&sn, 0, KVI_TIER_DISK, rows, 4), 2);
+    CHECK(rows[0].pos == 2 && !rows[0].has_parent && rows[0].eh == 0xa2);
+    CHECK(rows[1].pos == 3 && rows[1].has_parent && rows[1].peh == 0xa2);
+    fx_snap_free(&sn);
+    uint64_t *ss = fx_seqs(c, 5);
+    TIERED_SEQ(f, ss, 5, {w0, 0, 1, 1, 1, 1});
+    free(ss);
+    const struct fx_q qs[] = {{c, 5}};
+    fx_round_trip(f, __LINE__, qs, ARRAY_LEN(qs));
+    free(s);
+}
+
+/* RFC 1527 token-less stores (a Mooncake master): a shared pool names blocks
+ * by their seq hashes. Prefixes the pool's partition has are reused (content
+ * known; entries are per partition); the others are placed by seq alone
+ * until tokens arrive in that partition. */
+SCENARIO(seq_only_pool, 16)
+{
+    f->tiered_same = false;
+    drop_probe(f); /* the probe instance would be entitled to the pools too */
+    uint64_t c[6] = {1, 2, 3, 4, 5, 6}, x[5] = {21, 22, 23, 24, 25};
+    uint64_t *s = fx_seqs(c, 6), *sx = fx_seqs(x, 5);
+    uint32_t a = fx_w(f, 1), pc = fx_inst(f, 100, true), pd = fx_inst(f, 101, true);
+    STORE(f, a, c, 0, 4);
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, pc, 0, KVI_TIER_CPU, false, 0, 0, s, s, 6), 0);
+    EXPECT(f, c, 6, {a, 0, 4, 4});
+    TIERED(f, c, 6, {a, 0, 4, 6, 6, 4});
+    /* a disk pool places [24,25] of another chain by position 3 */
+    uint64_t xn[2] = {0xd4, 0xd5};
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, pd, 0, KVI_TIER_DISK, false, 0, 3, xn, sx + 3, 2), 0);
+    struct fx_snap sn;
+    struct fx_tuple rows[8];
+    fx_snapshot(f->ix, __LINE__, &sn);
+    CHECK_EQ(snap_rows(&sn, 100, KVI_TIER_CPU, rows, 8), 6);
+    bool same = kvi_index_partition_of(f->ix, a) == kvi_index_partition_of(f->ix, pc);
+    for (size_t i = 0; i < 6; i++) {
+        bool known = i == 0 || (i < 4 && same); /* a's entries; position 0: content = seq */
+        CHECK(rows[i].pos == i && rows[i].eh == s[i] && rows[i].seq == s[i]);
+        CHECK_EQ(rows[i].no_content, !known);
+        CHECK_EQ(rows[i].ch, known ? c[i] : 0);
+        CHECK_EQ(rows[i].has_parent, i > 0);
+    }
+    CHECK_EQ(snap_rows(&sn, 101, KVI_TIER_DISK, rows, 8), 2);
+    CHECK(rows[0].pos == 3 && !rows[0].has_parent && rows[0].no_content && rows[0].seq == sx[3]);
+    CHECK(rows[1].pos == 4 && rows[1].has_parent && rows[1].peh == 0xd4 && rows[1].no_content);
+    fx_snap_free(&sn);
+    const struct fx_q qs[] = {{c, 6}, {x, 5}};
+    fx_round_trip(f, __LINE__, qs, ARRAY_LEN(qs));
+    /* b holds [21,22,23] on gpu: the disk pool extends it */
+    uint32_t b = fx_w(f, 2);
+    STORE(f, b, x, 0, 3);
+    TIERED(f, x, 5, {b, 0, 3, 3, 5, 3});
+    /* tokens arrive: the pool's blocks get their content */
+    uint32_t d = fx_w(f, 3);
+    STORE(f, d, c, 0, 6);
+    STORE(f, d, x, 0, 5);
+    EXPECT(f, c, 6, {a, 0, 4, 4}, {d, 0, 6, 11});
+    EXPECT(f, x, 5, {b, 0, 3, 3}, {d, 0, 5, 11});
+    TIERED(f, c, 6, {a, 0, 4, 6, 6, 4}, {b, 0, 0, 6, 6, 3}, {d, 0, 6, 6, 6, 11}); /* b may use the pool too */
+    fx_snapshot(f->ix, __LINE__, &sn);
+    for (size_t i = 0; i < sn.n; i++) {
+        int64_t inst = kvi_index_find_instance(f->ix, sn.t[i].id, NULL);
+        CHECK(inst >= 0);
+        if (kvi_index_partition_of(f->ix, (uint32_t)inst) == kvi_index_partition_of(f->ix, d))
+            CHECK_EQ(sn.t[i].no_content, 0);
+    }
+    fx_snap_free(&sn);
+    fx_round_trip(f, __LINE__, qs, ARRAY_LEN(qs));
+    free(s);
+    free(sx);
+}
+
+/* A gpu worker that publishes seq hashes only: its chain matches content
+ * queries (through seq hashes), continues under a named parent, shares
+ * entries with a worker that sends tokens, and follows the usual errors. */
+SCENARIO(seq_only_gpu, 32)
+{
+    enum { N = 8 };
+    uint64_t c[N], eh[N];
+    fx_range(c, N, 11);
+    for (size_t i = 0; i < N; i++)
+        eh[i] = 0x5000 + i;
+    uint64_t *s = fx_seqs(c, N);
+    uint32_t w0 = fx_w(f, 0), w1 = fx_w_near(f, 1, w0);
+    uint64_t entries0 = stats_of(f).entries;
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, w0, 0, KVI_TIER_GPU, false, 0, 0, eh, s, 5), 0);
+    EXPECT(f, c, N, {w0, 0, 5, 5});
+    /* continued under a named parent (the position argument is then ignored) */
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, w0, 0, KVI_TIER_GPU, true, eh[4], 999, eh + 5, s + 5, N - 5), 0);
+    EXPECT(f, c, N, {w0, 0, N, N});
+    EXPECT(f, c, 3, {w0, 0, 3, N});
+    const struct fx_q qs[] = {{c, N}};
+    fx_round_trip(f, __LINE__, qs, ARRAY_LEN(qs));
+    /* idempotent */
+    struct kvi_index_stats st = stats_of(f);
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, w0, 0, KVI_TIER_GPU, false, 0, 0, eh, s, N), 0);
+    CHECK_EQ(stats_of(f).holdings, st.holdings);
+    /* errors: the index stays unchanged */
+    struct fx_snap s0;
+    fx_snapshot(f->ix, __LINE__, &s0);
+    uint64_t dup[2] = {0x77, 0x77};
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, w0, 0, KVI_TIER_GPU, false, 0, 3, eh + 3, s + 3, 1), -EINVAL);
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, w0, 0, KVI_TIER_GPU, true, 0x12345, 0, eh + 5, s + 5, 1), -ENOENT);
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, w1, 0, KVI_TIER_GPU, false, 0, 0, dup, s, 2), -EINVAL);
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, w1, 0, KVI_TIER_GPU, false, 0, 0, eh, NULL, 2), -EINVAL);
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, 4000, 0, KVI_TIER_GPU, false, 0, 0, eh, s, 2), -EINVAL);
+    CHECK_EQ(kvi_index_store_seq_only(f->ix, w1, 0, KVI_TIER_GPU, false, 0, 0, eh, s, 0), 0);
+    fx_expect_snap(f, __LINE__, &s0, "after rejected seq-only stores");
+    fx_snap_free(&s0);
+    struct kvi_index_stats st2 = stats_of(f);
+    CHECK_EQ(st2.invalid_events, st.invalid_events + 2);
+    CHECK_EQ(st2.parent_not_found, st.parent_not_found + 1);
+    CHECK_EQ(st2.slots, st.slots);
+    /* a worker with tokens shares the entries and fills in their content */
+    STORE(f, w1, c, 0, N);
+    EXPECT(f, c, N, {w0, 0, N, N}, {w1, 0, N, N});
+    CHECK_EQ(stats_of(f).entries, entries0 + N);
+    struct fx_snap sn;
+    fx_snapshot(f->ix, __LINE__, &sn);
+    for (size_t i = 0; i < sn.n; i++)
+        if (sn.t[i].id == 0) {
+            CHECK_EQ(sn.t[i].no_content, 0);
+            CHECK_EQ(sn.t[i].ch, c[sn.t[i].pos]);
+        }
+    fx_snap_free(&sn);
+    /* removals cascade as usual */
+    CHECK_EQ(kvi_index_remove(f->ix, w0, 0, KVI_TIER_GPU, &eh[2], 1), 1);
+    EXPECT(f, c, N, {w0, 0, 2, 2}, {w1, 0, N, N});
+    fx_round_trip(f, __LINE__, qs, ARRAY_LEN(qs));
+    free(s);
+}
+
+/* ======================================================================== */
 /* plain tests                                                               */
 /* ======================================================================== */
 
@@ -1624,6 +1937,43 @@ static void test_create_invalid(void **state)
     kvi_index_destroy(NULL);
 }
 
+/*
+ * Regression (writer_stress_test under TSan): an entry released after it had
+ * a member array must name no member in `one`. Readers still probing it (they
+ * found it before its tombstones) fall back to `one` once `many` is NULL; the
+ * member `one` named before the array existed may have been forgotten and
+ * its slot id recycled by then (a read racing with the new slot's
+ * initialisation, and a wrong slot credited).
+ */
+static void test_released_entry_names_no_member(void **state)
+{
+    (void)state;
+    struct kvi_index_config cfg = {.block_size = 16, .n_parts = 1, .key_seed = 7};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    uint32_t w[3];
+    for (uint32_t i = 0; i < 3; i++)
+        w[i] = (uint32_t)kvi_index_intern_instance(ix, i, NULL, false);
+    struct kvi_block b = {.engine_hash = 0x42, .content_hash = 1};
+    uint64_t eh = 0x42;
+    /* orders of removal: the first member last, first, in the middle */
+    static const uint32_t orders[3][3] = {{1, 2, 0}, {0, 1, 2}, {1, 0, 2}};
+    for (int o = 0; o < 3; o++) {
+        for (uint32_t i = 0; i < 3; i++)
+            assert_int_equal(kvi_index_store(ix, w[i], 0, KVI_TIER_GPU, false, 0, &b, 1), 0);
+        struct kvi_part *p = &ix->parts[0];
+        uint32_t pending0 = p->n_pending;
+        for (uint32_t k = 0; k < 3; k++)
+            assert_int_equal(kvi_index_remove(ix, w[orders[o][k]], 0, KVI_TIER_GPU, &eh, 1), 1);
+        assert_int_equal(p->n_pending, pending0 + 1);
+        const struct kvi_entry *e = kvi__entry(p, p->pending_idx[p->n_pending - 1]);
+        assert_null(atomic_load(&((struct kvi_entry *)e)->many));
+        assert_int_equal(atomic_load(&((struct kvi_entry *)e)->one), KVI_NONE);
+        assert_int_equal(atomic_load(&((struct kvi_entry *)e)->gpu_n), 0);
+    }
+    kvi_index_destroy(ix);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -1696,6 +2046,13 @@ int main(void)
         cmocka_unit_test(test_remove_instance),
         cmocka_unit_test(test_dump_round_trip_mixed),
         cmocka_unit_test(test_dump_cross_tier_parent),
+        cmocka_unit_test(test_known_offload),
+        cmocka_unit_test(test_known_gpu_rules),
+        cmocka_unit_test(test_known_renames),
+        cmocka_unit_test(test_known_positional_root),
+        cmocka_unit_test(test_seq_only_pool),
+        cmocka_unit_test(test_seq_only_gpu),
+        cmocka_unit_test(test_released_entry_names_no_member),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -136,6 +136,46 @@ static struct kvi_op *op_remove1(struct kvi_index *ix, uint32_t inst, uint32_t r
     return op_remove(ix, inst, rank, KVI_TIER_GPU, c, &pos, 1);
 }
 
+/* Token-less store of the given positions of chain c by (inst, rank)'s own
+ * engine hashes (KVI_OP_STORE_KNOWN), onto tier. */
+static struct kvi_op *op_store_known(struct kvi_index *ix, uint32_t inst, uint32_t rank, enum kvi_tier tier,
+                                     uint32_t c, const uint32_t *pos, uint32_t n)
+{
+    struct kvi_op *op = kvi_op_alloc(n, false);
+    op->type = KVI_OP_STORE_KNOWN;
+    op->tier = (uint8_t)tier;
+    op->ix = ix;
+    op->instance = inst;
+    op->dp_rank = rank;
+    for (uint32_t i = 0; i < n; i++)
+        op->hashes[i] = eh_of(inst, rank, c, pos[i]);
+    return op;
+}
+
+/* RFC 1527 store of blocks [start, start + n) of chain c without tokens
+ * (KVI_OP_STORE_SEQ_ONLY): named by the slot's engine hashes, identified by
+ * seq hashes; parent = block start - 1 when with_parent, else placed by
+ * position. content_hash is garbage: the writer must not use it. */
+static struct kvi_op *op_store_seq_only(struct kvi_index *ix, uint32_t inst, uint32_t rank, enum kvi_tier tier,
+                                        uint32_t c, uint32_t start, uint32_t n, bool with_parent)
+{
+    struct kvi_op *op = kvi_op_alloc(n, true);
+    op->type = KVI_OP_STORE_SEQ_ONLY;
+    op->tier = (uint8_t)tier;
+    op->ix = ix;
+    op->instance = inst;
+    op->dp_rank = rank;
+    op->has_parent = with_parent && start > 0;
+    op->parent_engine_hash = op->has_parent ? eh_of(inst, rank, c, start - 1) : 0;
+    op->position = start;
+    for (uint32_t i = 0; i < n; i++) {
+        op->blocks[i].engine_hash = eh_of(inst, rank, c, start + i);
+        op->blocks[i].content_hash = 0xbad0000000000000ull | i;
+        op->seq[i] = g_seq[c][start + i];
+    }
+    return op;
+}
+
 /* CLEAR, REMOVE_DP_RANK, REMOVE_INSTANCE */
 static struct kvi_op *op_simple(struct kvi_index *ix, enum kvi_op_type type, uint32_t inst, uint32_t rank)
 {
@@ -147,11 +187,31 @@ static struct kvi_op *op_simple(struct kvi_index *ix, enum kvi_op_type type, uin
     return op;
 }
 
-/* Apply op to ref directly, exactly as a writer would; return the outcome. */
-static enum kvi_op_outcome apply_direct(struct kvi_index *ref, const struct kvi_op *op)
+/* Apply op to ref directly, exactly as a writer would; return the outcome
+ * (*unknown: STORE_KNOWN hashes that resolved to nothing). */
+static enum kvi_op_outcome apply_direct_n(struct kvi_index *ref, const struct kvi_op *op, uint64_t *unknown)
 {
     int r = 0;
+    *unknown = 0;
     switch (op->type) {
+    case KVI_OP_STORE_KNOWN: {
+        size_t u = 0;
+        (void)kvi_index_store_known(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n, &u);
+        *unknown = u;
+        break;
+    }
+    case KVI_OP_STORE_SEQ_ONLY: {
+        if (op->seq == NULL)
+            return KVI_OUT_INVALID;
+        uint64_t *eh = malloc((op->n + 1) * sizeof *eh);
+        assert_non_null(eh);
+        for (uint32_t i = 0; i < op->n; i++)
+            eh[i] = op->blocks[i].engine_hash;
+        r = kvi_index_store_seq_only(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
+                                     op->parent_engine_hash, op->position, eh, op->seq, op->n);
+        free(eh);
+        break;
+    }
     case KVI_OP_STORE:
         if (op->seq != NULL)
             r = kvi_index_store_seq(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
@@ -181,16 +241,17 @@ static enum kvi_op_outcome apply_direct(struct kvi_index *ref, const struct kvi_
 /* Bookkeeping of what was submitted, for the writer counters. */
 struct expect {
     uint64_t ops;
-    uint64_t outcomes[KVI_OUT_COUNT];
-    uint64_t blocks; /* blocks of every store op (whatever its outcome) */
+    uint64_t outcomes[KVI_OUT_COUNT]; /* UNKNOWN_BLOCK: hashes */
+    uint64_t blocks; /* blocks of every store op (whatever its type or outcome) */
     uint64_t hashes; /* hashes of every remove op */
 };
 
-static void expect_note(struct expect *e, const struct kvi_op *op, enum kvi_op_outcome out)
+static void expect_note(struct expect *e, const struct kvi_op *op, enum kvi_op_outcome out, uint64_t unknown)
 {
     e->ops++;
     e->outcomes[out]++;
-    if (op->type == KVI_OP_STORE)
+    e->outcomes[KVI_OUT_UNKNOWN_BLOCK] += unknown;
+    if (op->type == KVI_OP_STORE || op->type == KVI_OP_STORE_KNOWN || op->type == KVI_OP_STORE_SEQ_ONLY)
         e->blocks += op->n;
     else if (op->type == KVI_OP_REMOVE)
         e->hashes += op->n;
@@ -199,9 +260,10 @@ static void expect_note(struct expect *e, const struct kvi_op *op, enum kvi_op_o
 /* Apply op to ref (when non-NULL), note it in e (when non-NULL), submit it. */
 static void mirror_submit(struct kvi_producer *p, struct kvi_index *ref, struct expect *e, struct kvi_op *op)
 {
-    enum kvi_op_outcome out = ref ? apply_direct(ref, op) : KVI_OUT_APPLIED;
+    uint64_t unknown = 0;
+    enum kvi_op_outcome out = ref ? apply_direct_n(ref, op, &unknown) : KVI_OUT_APPLIED;
     if (e)
-        expect_note(e, op, out);
+        expect_note(e, op, out, unknown);
     kvi_producer_submit(p, op);
 }
 
@@ -210,9 +272,10 @@ static void mirror_submit_burst(struct kvi_producer *p, struct kvi_index *ref, s
                                 size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        enum kvi_op_outcome out = ref ? apply_direct(ref, ops[i]) : KVI_OUT_APPLIED;
+        uint64_t unknown = 0;
+        enum kvi_op_outcome out = ref ? apply_direct_n(ref, ops[i], &unknown) : KVI_OUT_APPLIED;
         if (e)
-            expect_note(e, ops[i], out);
+            expect_note(e, ops[i], out, unknown);
     }
     kvi_producer_submit_burst(p, ops, n);
 }
@@ -235,6 +298,7 @@ struct row {
     uint32_t inst, rank, tier, pos;
     uint64_t eh, content, seq, parent_eh;
     bool has_parent;
+    bool no_content;
 };
 
 struct snap {
@@ -270,6 +334,7 @@ static void snap_emit(void *ctx, const struct kvi_dump_block *b)
     r->seq = b->seq_hash;
     r->has_parent = b->has_parent;
     r->parent_eh = b->parent_engine_hash;
+    r->no_content = b->no_content;
     s->thr[s->n] = pthread_self();
     s->n++;
     atomic_fetch_sub(&s->concurrent, 1);
@@ -300,6 +365,7 @@ static int row_cmp(const void *x, const void *y)
     CMP(a->has_parent, b->has_parent);
     CMP(a->pos, b->pos);
     CMP(a->seq, b->seq);
+    CMP(a->no_content, b->no_content);
     return 0;
 }
 
@@ -415,6 +481,7 @@ static void assert_index_stats_equal(const struct kvi_index *ix, const struct kv
     assert_int_equal(a.parent_not_found, b.parent_not_found);
     assert_int_equal(a.unknown_removes, b.unknown_removes);
     assert_int_equal(a.invalid_events, b.invalid_events);
+    assert_int_equal(a.unknown_blocks, b.unknown_blocks);
 }
 
 /* Full comparison of a pooled index (producer p flushed) with its reference. */
@@ -453,6 +520,7 @@ static void assert_stats_match(const struct kvi_writer_pool *pool, const struct 
     assert_int_equal(s.outcomes[KVI_OUT_APPLIED], e->outcomes[KVI_OUT_APPLIED]);
     assert_int_equal(s.outcomes[KVI_OUT_PARENT_NOT_FOUND], e->outcomes[KVI_OUT_PARENT_NOT_FOUND]);
     assert_int_equal(s.outcomes[KVI_OUT_INVALID], e->outcomes[KVI_OUT_INVALID]);
+    assert_int_equal(s.outcomes[KVI_OUT_UNKNOWN_BLOCK], e->outcomes[KVI_OUT_UNKNOWN_BLOCK]);
     assert_int_equal(s.blocks_stored, e->blocks);
     assert_int_equal(s.hashes_removed, e->hashes);
     assert_int_equal(s.queued, 0);
@@ -1043,6 +1111,205 @@ static void test_writer_stats(void **state)
     kvi_index_destroy(ix);
 }
 
+/* ---- tests: token-less stores and sinks ----------------------------------------- */
+
+/*
+ * STORE_KNOWN and STORE_SEQ_ONLY ops in a random stream with ordinary stores,
+ * removes and clears on 6 instances over both writers, singles and bursts:
+ * the pooled index equals the directly applied reference, unresolved hashes
+ * are counted per hash, and the garbage content hashes of STORE_SEQ_ONLY ops
+ * never reach the index.
+ */
+static void test_token_less_ops(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 16);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    enum { NI = 6, TOTAL = 3000 };
+    struct kvi_index *ix = index_new(NW, NI), *ref = index_new(NW, NI);
+    struct expect e = {0};
+    uint64_t rng = 2024;
+    uint64_t kinds[6] = {0};
+    struct kvi_op *burst[24];
+    size_t nb = 0;
+    for (uint32_t k = 0; k < TOTAL; k++) {
+        rng = mix64(rng);
+        uint32_t inst = (uint32_t)(rng % NI), rank = (uint32_t)(rng >> 8) % 2, c = (uint32_t)(rng >> 16) % NCHAIN;
+        uint32_t start = (uint32_t)(rng >> 24) % 8, len = 1 + (uint32_t)(rng >> 32) % 10;
+        enum kvi_tier tier = (enum kvi_tier)((rng >> 40) % KVI_TIER_COUNT);
+        uint32_t kind = (uint32_t)(rng >> 44) % 16;
+        struct kvi_op *op;
+        if (kind < 4) { /* a chain from the root */
+            op = op_store(ix, inst, rank, KVI_TIER_GPU, c, 0, start + len, false);
+            kinds[0]++;
+        } else if (kind < 8) { /* offload some of it by name (some unknown, some out of order) */
+            uint32_t pos[8];
+            for (uint32_t i = 0; i < 8; i++)
+                pos[i] = (uint32_t)(mix64(rng + i) % (CHAIN_LEN - 1));
+            op = op_store_known(ix, inst, rank, tier, c, pos, 1 + (uint32_t)(rng >> 52) % 8);
+            kinds[1]++;
+        } else if (kind < 11) { /* seq only: under a parent, or placed by position (lower tiers) */
+            bool with_parent = (rng >> 56) & 1;
+            op = op_store_seq_only(ix, inst, rank, tier, c, with_parent ? start : start % 4, len, with_parent);
+            kinds[2]++;
+        } else if (kind < 14) {
+            uint32_t pos[2] = {start, (start + len) % CHAIN_LEN};
+            op = op_remove(ix, inst, rank, tier, c, pos, 2);
+            kinds[3]++;
+        } else if (kind < 15) {
+            op = op_simple(ix, KVI_OP_CLEAR, inst, 0);
+            kinds[4]++;
+        } else {
+            op = op_store_seq_only(ix, inst, rank, KVI_TIER_GPU, c, 0, start + len, false); /* gpu, from the root */
+            kinds[5]++;
+        }
+        burst[nb++] = op;
+        if (nb == KVI_ARRAY_LEN(burst) || (rng >> 60) % 3 == 0) {
+            if (nb == 1)
+                mirror_submit(p, ref, &e, burst[0]);
+            else
+                mirror_submit_burst(p, ref, &e, burst, nb);
+            nb = 0;
+        }
+    }
+    if (nb > 0)
+        mirror_submit_burst(p, ref, &e, burst, nb);
+    kvi_producer_flush(p);
+    for (int i = 0; i < 6; i++)
+        assert_true(kinds[i] > 100);
+    /* the stream exercises every outcome */
+    assert_true(e.outcomes[KVI_OUT_UNKNOWN_BLOCK] > 100);
+    assert_true(e.outcomes[KVI_OUT_PARENT_NOT_FOUND] > 10);
+    assert_true(e.outcomes[KVI_OUT_INVALID] > 10); /* gpu runs placed by position */
+    assert_stats_match(pool, &e);
+    assert_same_state(p, ix, ref, NI);
+    struct kvi_index_stats st;
+    kvi_index_stats(ix, &st);
+    assert_int_equal(st.unknown_blocks, e.outcomes[KVI_OUT_UNKNOWN_BLOCK]);
+    /* no garbage content reached the index: every known content is the
+     * corpus hash of its block, and seq-only placements were made */
+    struct snap got = {0};
+    snap_direct(ix, &got);
+    size_t no_content = 0;
+    for (size_t i = 0; i < got.n; i++) {
+        const struct row *r = &got.r[i];
+        if (r->no_content) {
+            assert_int_equal(r->content, 0);
+            no_content++;
+            continue;
+        }
+        bool found = false;
+        for (uint32_t c = 0; c < NCHAIN && !found; c++)
+            found = r->pos < CHAIN_LEN && g_seq[c][r->pos] == r->seq && g_content[c][r->pos] == r->content;
+        assert_true(found);
+    }
+    assert_true(no_content > 0);
+    snap_free(&got);
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+    kvi_index_destroy(ref);
+}
+
+static struct kvi_op *with_sink(struct kvi_op *op, struct kvi_op_sink *sink)
+{
+    op->sink = sink;
+    return op;
+}
+
+static void sink_call(void *arg, uint32_t writer)
+{
+    (void)arg;
+    (void)writer;
+}
+
+/* Exact sink accounting: per op type and outcome, across writers and two
+ * producers sharing a sink; ops without a sink touch none. */
+static void test_op_sinks(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool), *q = kvi_producer_create(pool);
+    assert_non_null(p);
+    assert_non_null(q);
+    struct kvi_index *ix = index_new(NW, 2); /* instance 0: writer 0, instance 1: writer 1 */
+    struct kvi_op_sink a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    struct kvi_op *op;
+    /* sink a, writer 0 */
+    kvi_producer_submit(p, with_sink(op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, 6, false), &a)); /* applied: 6 */
+    kvi_producer_submit(p, with_sink(op_store_orphan(ix, 0, 0, 1, 10, 4), &a));              /* parent not found */
+    kvi_producer_submit(p, with_sink(op_store_dup(ix, 0, 0, 1, 5), &a));                     /* invalid */
+    uint32_t kp[4] = {1, 2, 30 % CHAIN_LEN, 5};
+    op = op_store_known(ix, 0, 0, KVI_TIER_CPU, 0, kp, 4);
+    op->hashes[2] = 0xfeedull; /* unknown */
+    kvi_producer_submit(p, with_sink(op, &a));                                               /* applied: 3, 1 unknown */
+    kvi_producer_submit(p, with_sink(op_store_known(ix, 0, 0, KVI_TIER_CPU, 0, kp, 2), &a)); /* idempotent: 2 */
+    uint32_t rp[3] = {5, 23, 4};
+    kvi_producer_submit(p, with_sink(op_remove(ix, 0, 0, KVI_TIER_GPU, 0, rp, 3), &a)); /* known 2 (23 unknown) */
+    kvi_producer_submit(p, op_store(ix, 0, 0, KVI_TIER_GPU, 0, 4, 2, false));            /* no sink */
+    op = op_store_seq_only(ix, 0, 0, KVI_TIER_CPU, 3, 2, 3, false);
+    op->seq = NULL;
+    kvi_producer_submit(p, with_sink(op, &a));                                           /* invalid: no seq */
+    op = kvi_op_alloc(0, false);
+    op->type = 250;
+    op->ix = ix;
+    kvi_producer_submit(p, with_sink(op, &a));                                           /* invalid type */
+    op = kvi_op_alloc(0, false);
+    op->type = KVI_OP_CALL;
+    op->instance = 0; /* writer 0 */
+    op->fn = sink_call;
+    kvi_producer_submit(p, with_sink(op, &a));                                           /* applied */
+    /* sink b, shared by producers p and q, on both writers */
+    kvi_producer_submit(p, with_sink(op_store_seq_only(ix, 1, 0, KVI_TIER_GPU, 2, 0, 7, false), &b)); /* 7 */
+    kvi_producer_submit(q, with_sink(op_store_seq_only(ix, 1, 0, KVI_TIER_GPU, 2, 7, 3, true), &b));  /* 3 */
+    kvi_producer_flush(p); /* q's continuation must follow p's store of its parent */
+    kvi_producer_submit(q, with_sink(op_store_seq_only(ix, 1, 0, KVI_TIER_GPU, 2, 7, 3, true), &b));  /* again: 3 */
+    kvi_producer_submit(q, with_sink(op_store_seq_only(ix, 1, 0, KVI_TIER_GPU, 2, 4, 3, false), &b)); /* gpu by position: invalid */
+    kvi_producer_submit(q, with_sink(op_simple(ix, KVI_OP_CLEAR, 0, 0), &b));                          /* applied */
+    uint32_t rq[2] = {9, 0};
+    kvi_producer_submit(q, with_sink(op_remove(ix, 1, 0, KVI_TIER_GPU, 2, rq, 2), &b));                /* known 2 */
+    kvi_producer_flush(p);
+    kvi_producer_flush(q);
+
+    struct kvi_op_sink ra, rb;
+    kvi_op_sink_read(&a, &ra);
+    kvi_op_sink_read(&b, &rb);
+    assert_int_equal(ra.outcomes[KVI_OUT_APPLIED], 5);
+    assert_int_equal(ra.outcomes[KVI_OUT_PARENT_NOT_FOUND], 1);
+    assert_int_equal(ra.outcomes[KVI_OUT_INVALID], 3);
+    assert_int_equal(ra.outcomes[KVI_OUT_UNKNOWN_BLOCK], 1);
+    assert_int_equal(ra.blocks_stored, 6 + 3 + 2);
+    assert_int_equal(ra.hashes_removed, 2);
+    assert_int_equal(rb.outcomes[KVI_OUT_APPLIED], 5);
+    assert_int_equal(rb.outcomes[KVI_OUT_PARENT_NOT_FOUND], 0);
+    assert_int_equal(rb.outcomes[KVI_OUT_INVALID], 1);
+    assert_int_equal(rb.outcomes[KVI_OUT_UNKNOWN_BLOCK], 0);
+    assert_int_equal(rb.blocks_stored, 7 + 3 + 3);
+    assert_int_equal(rb.hashes_removed, 2);
+    /* the writers' own counters: every op, blocks and hashes whatever the outcome */
+    struct kvi_writer_stats s;
+    stats_sum(pool, &s);
+    assert_int_equal(s.ops, 16);
+    assert_int_equal(s.outcomes[KVI_OUT_APPLIED], 11);
+    assert_int_equal(s.outcomes[KVI_OUT_PARENT_NOT_FOUND], 1);
+    assert_int_equal(s.outcomes[KVI_OUT_INVALID], 4);
+    assert_int_equal(s.outcomes[KVI_OUT_UNKNOWN_BLOCK], 1);
+    assert_int_equal(s.blocks_stored, 6 + 4 + 5 + 4 + 2 + 2 + 3 + 7 + 3 + 3 + 3);
+    assert_int_equal(s.hashes_removed, 3 + 2);
+    /* the state the ops left: instance 0 cleared; instance 1 lost block 0 and so everything */
+    assert_int_equal(kvi_index_tree_size(ix, 0, 0), 0);
+    assert_int_equal(kvi_index_tree_size(ix, 1, 0), 0); /* removing block 0 took everything */
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(q);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
 struct blocker {
     struct kvi_writer_pool *pool;
     uint32_t w;
@@ -1319,6 +1586,8 @@ int main(void)
         cmocka_unit_test(test_dump_empty),
         cmocka_unit_test(test_backpressure),
         cmocka_unit_test(test_writer_stats),
+        cmocka_unit_test(test_token_less_ops),
+        cmocka_unit_test(test_op_sinks),
         cmocka_unit_test(test_queued_while_writer_busy),
         cmocka_unit_test(test_sleep_and_wake),
         cmocka_unit_test(test_forget_index_then_destroy),
