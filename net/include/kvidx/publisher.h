@@ -1,0 +1,437 @@
+/*
+ * kvidx publisher: publish KV-cache events from a C or C++ inference engine
+ * over ZeroMQ, byte-compatible with vLLM's ZmqEventPublisher, so that kvidx,
+ * Dynamo, llm-d or any other vLLM event consumer can index the engine's
+ * cache. It is the C counterpart of Dynamo's Python KvEventPublisher in
+ * direct-publishing mode.
+ *
+ * On the wire (one ZMQ multipart message per batch, as vLLM sends it):
+ *
+ *     frame 0  topic (the configured string; "" gives an empty frame)
+ *     frame 1  sequence number: 8 bytes, big-endian, unsigned; 0 for the
+ *              first batch of a publisher, +1 per batch
+ *     frame 2  msgpack [ts float64, [event, ...], dp_rank]
+ *
+ * Each event is a vLLM "BlockStored", "BlockRemoved" or "AllBlocksCleared",
+ * encoded either as a tagged map (vLLM >= #42892, the default) or as a tagged
+ * array (vLLM <= #40984, SGLang); block hashes go out as uint64 (vLLM >=
+ * 0.10.2), int64 (SGLang), or as 32- or 16-byte bin digests
+ * (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
+ *
+ * Usage: publish_* calls append events to the current batch; kvidx_pub_flush
+ * sends the batch as one message with the next sequence number (or let the
+ * publisher flush automatically, see kvidx_pub_config.auto_flush). With a
+ * replay endpoint, the last `buffer_batches` batches are kept and served to
+ * consumers that detect a gap, from a ROUTER socket answered by an internal
+ * thread (vLLM's replay protocol, both reply layouts).
+ *
+ * Errors: functions returning int return 0 on success or a negative errno:
+ * -EINVAL for a bad argument, -ENOMEM when memory ran out, -EIO when a ZMQ
+ * call failed (the ZMQ errno is then available from kvidx_pub_last_error).
+ * kvidx_pub_create returns NULL with errno set.
+ *
+ * Thread-safety: a publisher is used by one thread at a time (every function
+ * taking a publisher, unless its comment says otherwise). Moving a publisher
+ * to another thread needs a happens-before edge (a mutex, a thread join).
+ * Different publishers are independent. The replay ROUTER is served by a
+ * thread each publisher starts and stops itself.
+ *
+ * Fault injection (section at the end): kvidx_pub_skip_live,
+ * kvidx_pub_set_replay_faults and kvidx_pub_send_raw deliberately break the
+ * stream (lost live batches, lost or late replay replies, garbage messages).
+ * They exist for consumers' tests; an engine never calls them.
+ *
+ * Link with -lkvidx_publisher (pkg-config: kvidx-publisher). The library
+ * depends on libzmq and msgpack-c only; this header needs neither.
+ */
+#ifndef KVIDX_PUBLISHER_H
+#define KVIDX_PUBLISHER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && __GNUC__ >= 4
+#define KVIDX_PUB_API __attribute__((visibility("default")))
+#else
+#define KVIDX_PUB_API
+#endif
+
+/** Default ring size of the replay buffer, in batches (vLLM buffer_steps). */
+#define KVIDX_PUB_DEFAULT_BUFFER_BATCHES 10000u
+/** Default send high-water mark of the PUB socket, in messages (vLLM hwm). */
+#define KVIDX_PUB_DEFAULT_HWM 100000
+/** Default time create() keeps retrying a bind whose address is still in use. */
+#define KVIDX_PUB_DEFAULT_REBIND_MS 2000u
+
+/** dp_rank value: the batch's rank element is nil. */
+#define KVIDX_PUB_RANK_NIL INT32_MIN
+/** dp_rank value: 2-element batches [ts, events] (vLLM < #18925, SGLang < #6852). */
+#define KVIDX_PUB_RANK_OMIT (INT32_MIN + 1)
+
+/** kvidx_pub_flush's sequence number when nothing was sent. */
+#define KVIDX_PUB_NO_SEQ UINT64_MAX
+
+/** Event encoding. */
+enum kvidx_pub_form {
+    /** Tagged maps {"type": "BlockStored", ...} (vLLM >= #42892, mid-2026). */
+    KVIDX_PUB_FORM_MAP = 0,
+    /** Tagged arrays ["BlockStored", ...] (vLLM <= #40984, SGLang). */
+    KVIDX_PUB_FORM_ARRAY = 1,
+};
+
+/** How block hashes (and parent hashes) are written. */
+enum kvidx_pub_hash_enc {
+    /** msgpack unsigned int, smallest width (vLLM >= 0.10.2). */
+    KVIDX_PUB_HASH_U64 = 0,
+    /** the u64 reinterpreted as int64: values >= 2^63 go out negative (SGLang). */
+    KVIDX_PUB_HASH_I64 = 1,
+    /**
+     * bin 32: a SHA-256-sized digest whose last 8 bytes are the u64 big-endian
+     * (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0). The first 24 bytes are a
+     * deterministic non-zero mix of the hash, so a consumer that reads the
+     * wrong bytes gets a wrong hash.
+     */
+    KVIDX_PUB_HASH_BIN32 = 2,
+    /** bin 16 (vLLM's xxhash digests), last 8 bytes big-endian as above. */
+    KVIDX_PUB_HASH_BIN16 = 3,
+};
+
+/** Replay reply layout, as a DEALER receives it. */
+enum kvidx_pub_replay_layout {
+    /**
+     * vLLM >= #45177: ["", topic, seq8, payload] per batch, sentinel
+     * ["", "", ff x 8, ""].
+     */
+    KVIDX_PUB_REPLAY_TOPIC = 0,
+    /** older vLLM, SGLang, Dynamo's mocker: ["", seq8, payload], sentinel ["", ff x 8, ""]. */
+    KVIDX_PUB_REPLAY_LEGACY = 1,
+};
+
+/** Whether the PUB socket binds or connects. */
+enum kvidx_pub_socket_mode {
+    /**
+     * vLLM's rule: bind when the endpoint contains "*" or "::" or starts with
+     * "ipc://" or "inproc://"; connect otherwise (then the consumer binds).
+     */
+    KVIDX_PUB_SOCKET_AUTO = 0,
+    KVIDX_PUB_SOCKET_BIND = 1,
+    KVIDX_PUB_SOCKET_CONNECT = 2,
+};
+
+/** kvidx_pub_config.flags */
+enum kvidx_pub_flags {
+    /**
+     * Write map-form BlockStored headers as map16 even when they hold fewer
+     * than 16 keys, as msgspec does for a struct with 16 or more possible
+     * fields (wire-protocol.md section 3.2: accept any header width).
+     * BlockRemoved and AllBlocksCleared keep fixmap headers.
+     */
+    KVIDX_PUB_F_WIDE_HEADERS = 1u << 0,
+    /**
+     * Offset both endpoints by dp_rank like vLLM's offset_endpoint_port
+     * (see kvidx_pub_offset_endpoint). Ignored when dp_rank <= 0.
+     */
+    KVIDX_PUB_F_OFFSET_BY_RANK = 1u << 1,
+};
+
+/**
+ * Publisher settings. Fill with kvidx_pub_config_init, then override.
+ * Strings are copied by kvidx_pub_create; the caller keeps ownership.
+ */
+struct kvidx_pub_config {
+    /** PUB endpoint (required), e.g. "tcp://" "*:5557" (a wildcard host binds). */
+    const char *endpoint;
+    /** Replay ROUTER endpoint (always bound), e.g. "tcp://" "*:5558"; NULL: no replay. */
+    const char *replay_endpoint;
+    /** Topic, frame 0 of every live message. NULL or "": empty frame. Default "". */
+    const char *topic;
+    /** Default `medium` of events; NULL writes nil. Default "GPU". */
+    const char *medium;
+    /** Default `lora_name` of stored events; NULL writes nil. Default NULL. */
+    const char *lora_name;
+    /**
+     * A ZMQ context (void * from zmq_ctx_new) to create the sockets in, for
+     * inproc:// endpoints shared with the consumer. It must outlive the
+     * publisher. NULL (default): the publisher owns a context of its own.
+     */
+    void *zmq_ctx;
+    /** Replay ring size in batches; 0 means the default (10,000). Used only with a replay endpoint. */
+    uint32_t buffer_batches;
+    /**
+     * 0 (default): batches are sent only by kvidx_pub_flush. 1: every
+     * publish call sends its event as a batch of one. N > 1: a batch is sent
+     * when it reaches N events (and by kvidx_pub_flush).
+     */
+    uint32_t auto_flush;
+    /** The batch's rank element; KVIDX_PUB_RANK_NIL / KVIDX_PUB_RANK_OMIT. Default 0. */
+    int32_t dp_rank;
+    /** PUB send high-water mark in messages (0 = unlimited). Default 100,000. */
+    int hwm;
+    /**
+     * Array form only: number of BlockStored elements, 5..12, for the layouts
+     * of successive vLLM versions (wire-protocol.md section 3.1): 5 Dynamo
+     * mocker, 6 #16750, 7 +medium, 8 +lora_name, 9 +extra_keys,
+     * 10 +group_idx, 12 +kv_cache_spec_kind and _sliding_window (#40984);
+     * 11 (kind without the window) was never released but is accepted.
+     * BlockRemoved follows: 2 elements up to 6, 3 up to 9, 4 from 10.
+     * 0 or 12 (default): vLLM #40984, the last array-form vLLM.
+     */
+    uint32_t array_len;
+    /** How long create() retries binds failing with EADDRINUSE (ms). Default 2,000. */
+    uint32_t rebind_ms;
+    enum kvidx_pub_form form;                   /**< default KVIDX_PUB_FORM_MAP */
+    enum kvidx_pub_hash_enc hash_enc;           /**< default KVIDX_PUB_HASH_U64 */
+    enum kvidx_pub_replay_layout replay_layout; /**< default KVIDX_PUB_REPLAY_TOPIC */
+    enum kvidx_pub_socket_mode socket_mode;     /**< default KVIDX_PUB_SOCKET_AUTO */
+    uint32_t flags;                             /**< enum kvidx_pub_flags; default 0 */
+};
+
+/**
+ * A stored event with every per-event field. A zero-initialised struct plus
+ * the hashes is a valid event: no parent, empty token_ids, block_size 0,
+ * the publisher's medium and lora_name, group_idx 0.
+ */
+struct kvidx_pub_stored {
+    const uint64_t *block_hashes; /**< n_hashes hashes (chained, oldest first) */
+    size_t n_hashes;
+    const uint64_t *parent_hash;  /**< hash of the block before the first; NULL: nil */
+    const uint32_t *token_ids;    /**< n_tokens token ids; may be NULL when n_tokens is 0 */
+    size_t n_tokens;
+    bool token_ids_nil;           /**< write token_ids as nil instead of an array */
+    uint32_t block_size;          /**< tokens per block (0 for offload placeholders) */
+    const char *medium;           /**< NULL: the publisher's medium */
+    const char *lora_name;        /**< NULL: the publisher's lora_name */
+    int32_t group_idx;            /**< KV-cache group (hybrid models); normally 0 */
+};
+
+/** A removed event with every per-event field (zero-initialised = defaults). */
+struct kvidx_pub_removed {
+    const uint64_t *block_hashes;
+    size_t n_hashes;
+    const char *medium;           /**< NULL: the publisher's medium */
+    int32_t group_idx;
+};
+
+/** Counters (kvidx_pub_get_stats). */
+struct kvidx_pub_stats {
+    uint64_t next_seq;          /**< sequence number of the next batch */
+    uint64_t next_event_id;     /**< id of the next event */
+    uint64_t batches;           /**< batches flushed (sequence numbers consumed) */
+    uint64_t batches_live;      /**< of which sent on the PUB */
+    uint64_t batches_skipped;   /**< of which withheld by kvidx_pub_skip_live */
+    uint64_t events;            /**< events flushed */
+    uint64_t bytes;             /**< payload bytes flushed */
+    uint64_t send_errors;       /**< failed PUB sends */
+    uint64_t raw_messages;      /**< kvidx_pub_send_raw messages */
+    uint64_t replay_requests;   /**< well-formed replay requests received */
+    uint64_t replay_malformed;  /**< replay requests ignored as malformed */
+    uint64_t replay_silenced;   /**< requests ignored by the silent fault */
+    uint64_t replay_batches;    /**< batches sent in replay replies */
+    uint64_t replay_dropped;    /**< reply batches withheld by the drop fault */
+    uint64_t replay_buffered;   /**< batches in the replay ring now */
+};
+
+/** Replay faults (kvidx_pub_set_replay_faults); all zero = no fault. */
+struct kvidx_pub_replay_faults {
+    /** k > 0: withhold the k-th, 2k-th, ... batch of every reply (the sentinel still goes out). */
+    uint32_t drop_every;
+    /** Wait this many ms before answering each request. */
+    uint32_t delay_ms;
+    /** Ignore requests altogether (no reply, no sentinel). */
+    bool silent;
+};
+
+struct kvidx_pub;
+
+/**
+ * Fill @p cfg with the defaults listed at each field (endpoint NULL).
+ * Thread-safe.
+ */
+KVIDX_PUB_API void kvidx_pub_config_init(struct kvidx_pub_config *cfg);
+
+/**
+ * Create a publisher: create, set up and bind or connect the PUB socket and,
+ * with a replay endpoint, bind the ROUTER and start the replay thread.
+ * Both sockets use ZMQ_LINGER 0, so destroying a publisher and creating one
+ * on the same endpoints right away works (a "restart": the sequence starts
+ * again at 0); a bind failing with EADDRINUSE is retried for cfg->rebind_ms.
+ * Thread-safe.
+ *
+ * @param cfg  settings; copied, the caller keeps ownership.
+ * @return the publisher (free with kvidx_pub_destroy), or NULL with errno:
+ *         EINVAL (missing endpoint, an enum or array_len out of range, a rank
+ *         offset that cannot be applied), ENOMEM, or the ZMQ errno of a
+ *         failed socket call (e.g. EADDRINUSE, EPROTONOSUPPORT, ENOENT).
+ */
+KVIDX_PUB_API struct kvidx_pub *kvidx_pub_create(const struct kvidx_pub_config *cfg);
+
+/**
+ * Destroy a publisher: stop the replay thread, close both sockets (pending
+ * messages are dropped, linger 0) and free everything. Events not yet flushed
+ * are discarded: call kvidx_pub_flush first to send them. NULL is a no-op.
+ * Not thread-safe with any other call on @p pub.
+ */
+KVIDX_PUB_API void kvidx_pub_destroy(struct kvidx_pub *pub);
+
+/**
+ * Append a BlockStored event to the current batch, with the publisher's
+ * medium and lora_name, group_idx 0 (see kvidx_pub_publish_stored_ex).
+ *
+ * @param hashes      n_hashes block hashes, chained, oldest first (n_hashes >= 1)
+ * @param parent      the hash of the block before hashes[0]; NULL: nil (sequence start)
+ * @param tokens      n_tokens token ids (block_size per block); NULL only if n_tokens is 0
+ * @param block_size  tokens per block
+ * @param event_id    out, may be NULL: the event's id (0, 1, 2, ... per publisher)
+ * @return 0, -EINVAL (hashes NULL or n_hashes 0, tokens NULL with n_tokens > 0),
+ *         -ENOMEM, or the error of an automatic flush (then the event was
+ *         appended and given its id, and the batch was consumed as described
+ *         at kvidx_pub_flush).
+ */
+KVIDX_PUB_API int kvidx_pub_publish_stored(struct kvidx_pub *pub, const uint64_t *hashes,
+                                           size_t n_hashes, const uint64_t *parent,
+                                           const uint32_t *tokens, size_t n_tokens,
+                                           uint32_t block_size, uint64_t *event_id);
+
+/**
+ * Append a BlockStored event with every field given by @p ev.
+ * @return as kvidx_pub_publish_stored.
+ */
+KVIDX_PUB_API int kvidx_pub_publish_stored_ex(struct kvidx_pub *pub,
+                                              const struct kvidx_pub_stored *ev,
+                                              uint64_t *event_id);
+
+/**
+ * Append a BlockRemoved event (publisher's medium, group_idx 0).
+ * @param hashes    n_hashes hashes (n_hashes >= 1)
+ * @param event_id  out, may be NULL
+ * @return 0, -EINVAL, -ENOMEM, or the error of an automatic flush.
+ */
+KVIDX_PUB_API int kvidx_pub_publish_removed(struct kvidx_pub *pub, const uint64_t *hashes,
+                                            size_t n_hashes, uint64_t *event_id);
+
+/** Append a BlockRemoved event with every field given by @p ev. @return as above. */
+KVIDX_PUB_API int kvidx_pub_publish_removed_ex(struct kvidx_pub *pub,
+                                               const struct kvidx_pub_removed *ev,
+                                               uint64_t *event_id);
+
+/**
+ * Append an AllBlocksCleared event (the whole cache of this engine is gone).
+ * @return 0, -ENOMEM, or the error of an automatic flush.
+ */
+KVIDX_PUB_API int kvidx_pub_publish_cleared(struct kvidx_pub *pub, uint64_t *event_id);
+
+/**
+ * Send the current batch as one message with the next sequence number, and
+ * keep it in the replay ring. An empty batch sends nothing (like vLLM).
+ *
+ * The sequence number is consumed and the batch enters the replay ring before
+ * the PUB send; if the send fails, consumers see a gap that replay can fill.
+ *
+ * @param seq  out, may be NULL: the batch's sequence number, or
+ *             KVIDX_PUB_NO_SEQ when there was nothing to send.
+ * @return 0, -ENOMEM, or -EIO (the PUB send failed; kvidx_pub_last_error).
+ */
+KVIDX_PUB_API int kvidx_pub_flush(struct kvidx_pub *pub, uint64_t *seq);
+
+/**
+ * Send a batch with an empty event list ([ts, [], rank]), consuming a
+ * sequence number (a heartbeat, as some TensorRT-LLM builds send). Pending
+ * events are flushed first, as their own batch.
+ * @return as kvidx_pub_flush.
+ */
+KVIDX_PUB_API int kvidx_pub_flush_empty(struct kvidx_pub *pub, uint64_t *seq);
+
+/**
+ * Send a caller-encoded payload as frame 2 of a batch with the next sequence
+ * number, and keep it for replay, exactly as a flushed batch (for consumers'
+ * tests of encodings this library does not produce). Pending events are
+ * flushed first, as their own batch. The payload is copied.
+ * @return 0, -EINVAL (payload NULL with len > 0), -ENOMEM, -EIO.
+ */
+KVIDX_PUB_API int kvidx_pub_publish_payload(struct kvidx_pub *pub, const void *payload,
+                                            size_t len, uint64_t *seq);
+
+/** Number of events in the current (unflushed) batch. */
+KVIDX_PUB_API size_t kvidx_pub_pending(const struct kvidx_pub *pub);
+
+/** Sequence number the next batch will carry (0 for a fresh publisher). */
+KVIDX_PUB_API uint64_t kvidx_pub_next_seq(const struct kvidx_pub *pub);
+
+/**
+ * The PUB endpoint: when bound, the resolved address (ZMQ_LAST_ENDPOINT,
+ * e.g. "tcp://0.0.0.0:40123" for "tcp://" "*:*"); when connected, the endpoint
+ * as configured (after any rank offset). Owned by the publisher, valid until
+ * it is destroyed.
+ */
+KVIDX_PUB_API const char *kvidx_pub_endpoint(const struct kvidx_pub *pub);
+
+/** The bound replay endpoint (resolved as above), or NULL without replay. */
+KVIDX_PUB_API const char *kvidx_pub_replay_endpoint(const struct kvidx_pub *pub);
+
+/**
+ * The ZMQ errno of the last call on @p pub that returned -EIO (0 if none).
+ * Pass it to zmq_strerror for a message.
+ */
+KVIDX_PUB_API int kvidx_pub_last_error(const struct kvidx_pub *pub);
+
+/**
+ * Read the counters. The replay counters are updated by the replay thread
+ * and read atomically; a request and its batches are counted just before its
+ * sentinel is sent, so a client that received the sentinel sees them.
+ */
+KVIDX_PUB_API void kvidx_pub_get_stats(const struct kvidx_pub *pub, struct kvidx_pub_stats *out);
+
+/**
+ * Apply vLLM's DP-rank endpoint convention: rank 0 and NULL are unchanged;
+ * "tcp://host:port" becomes "tcp://host:(port + rank)"; "inproc://x" becomes
+ * "inproc://x_dp<rank>". Thread-safe.
+ * @param out  receives the NUL-terminated result (cap bytes)
+ * @return 0, -EINVAL (rank < 0, an ipc:// endpoint with rank > 0 as in vLLM,
+ *         no numeric port, port + rank > 65535), -ENOSPC (out too small).
+ */
+KVIDX_PUB_API int kvidx_pub_offset_endpoint(const char *endpoint, int32_t rank, char *out,
+                                            size_t cap);
+
+/* ------------------------------------------------------------------------
+ * Fault injection: for consumers' tests only. Engines never call these.
+ * ------------------------------------------------------------------------ */
+
+/**
+ * FAULT INJECTION. The next @p n flushed batches consume their sequence
+ * numbers and enter the replay ring but are not sent on the PUB, as if the
+ * PUB's high-water mark had dropped them. Adds to any count still pending.
+ */
+KVIDX_PUB_API void kvidx_pub_skip_live(struct kvidx_pub *pub, uint64_t n);
+
+/**
+ * FAULT INJECTION. Set the replay faults applied to requests received from
+ * now on (replaces the previous setting; all-zero removes them).
+ * Thread-safe with respect to the replay thread (and to other calls of this
+ * function).
+ * @return 0, or -EINVAL (f NULL, or the publisher has no replay endpoint).
+ */
+KVIDX_PUB_API int kvidx_pub_set_replay_faults(struct kvidx_pub *pub,
+                                              const struct kvidx_pub_replay_faults *f);
+
+/**
+ * FAULT INJECTION. Send an arbitrary multipart message on the PUB (e.g. two
+ * frames, a 7-byte sequence frame, a payload that is not msgpack). It
+ * consumes no sequence number and never enters the replay ring. Also handy
+ * as a probe to wait for a subscriber (PUB/SUB slow joiner). The frames are
+ * copied. A pending batch is left pending.
+ * @param frames  n_frames pointers (a pointer may be NULL when its size is 0)
+ * @return 0, -EINVAL (n_frames 0, NULL arrays), -EIO.
+ */
+KVIDX_PUB_API int kvidx_pub_send_raw(struct kvidx_pub *pub, const void *const *frames,
+                                     const size_t *sizes, size_t n_frames);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
