@@ -14,6 +14,7 @@ static const struct subcommand subcommands[] = {
     {"micro", kvi_bench_micro, "engine store/remove/find costs at 1 M blocks (issue: engine core)"},
     {"ring", kvi_bench_ring, "SPSC ring throughput by burst size"},
     {"decode", kvi_bench_decode, "KV-event batch decoding per core: cursor decoder vs msgpack-c"},
+    {"trace", kvi_bench_trace, "Mooncake-trace replay: kvidx vs baselines, keep-up and find latency"},
 };
 
 static void usage(FILE *f)
