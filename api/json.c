@@ -1,0 +1,1331 @@
+/*
+ * kvidx body layer: buffer, scratch, the JSON half of the pull reader and of
+ * the writer (the msgpack halves are in codec_msgpack.c).
+ *
+ * JSON LAYER DECISION (measured with tests/api/bench/json_bench.c, built by
+ * `cmake -DKVI_JSON_BENCH=ON` as kvi-json-bench; Release -O2; thread CPU time
+ * on this 2-vCPU VM under a load average of ~12 from other builds; best /
+ * median of 7 runs, microseconds per parse; every parser produces the same
+ * u32 token array or u64 hash array and is checked for the element count):
+ *
+ *   body                              bytes     kvidx        yajl 2.1      jansson 2.14    cJSON 1.7
+ *   /query, 4,096 token ids          25,218   26.0 / 26.4   108 / 111     550 / 557       315 / 332
+ *   /query, 131,072 token ids       803,963    867 / 904   3,518 / 3,646 18,521 / 18,890 11,005 / 11,217
+ *   /query_by_hash, 1,024 i64        20,942   19.9 / 20.6  48.6 / 50.6   357 / 377       130 / 133 (lossy)
+ *   msgpack /query, 4,096 int array  16,218   22.2 / 22.8   msgpack-c 4.0 unpack + walk: 41.7 / 43.2
+ *   msgpack /query, 131,072 int arr 520,859    992 / 1,060  msgpack-c: 1,374 / 1,434
+ *   msgpack /query, bin (4 B/token) 524,326   79 / 84       (a memcpy)
+ *
+ *   kvidx runs at ~0.95 GB/s (6.5 ns per token id): 4x yajl, 13-20x cJSON
+ *   and jansson; dialect detection in front of it adds nothing measurable
+ *   (852 / 877 us at 131,072 tokens: the token array is jumped with memchr).
+ *   Correctness of the candidates: cJSON stores every number as a double, so
+ *   u64 instance ids and hashes above 2^53 lose bits; jansson's integers stop
+ *   at INT64_MAX and it rejects a Dynamo instance id >= 2^63 or a dump hash
+ *   printed as u64 ("too big integer"); yajl is exact only through its
+ *   raw-number callback (yajl_integer overflows at INT64_MAX too). None of
+ *   them builds the u32 token array without a per-element callback or DOM
+ *   node. Chosen: the hand-written pull reader below, also used for msgpack
+ *   bodies, so every route parser is written once for both encodings.
+ */
+#include "api/json.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/codec_internal.h"
+
+/* ---- buffer ----------------------------------------------------------------- */
+
+void kvi_buf_init(struct kvi_buf *b)
+{
+    b->data = NULL;
+    b->len = 0;
+    b->cap = 0;
+    b->oom = false;
+}
+
+void kvi_buf_free(struct kvi_buf *b)
+{
+    free(b->data);
+    kvi_buf_init(b);
+}
+
+void kvi_buf_reset(struct kvi_buf *b)
+{
+    b->len = 0;
+    b->oom = false;
+}
+
+char *kvi_buf_reserve(struct kvi_buf *b, size_t n)
+{
+    if (b->oom)
+        return NULL;
+    if (b->cap - b->len >= n)
+        return b->data + b->len;
+    size_t need = b->len + n;
+    if (need < b->len)
+        goto fail;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need) {
+        if (cap > SIZE_MAX / 2)
+            goto fail;
+        cap *= 2;
+    }
+    char *p = realloc(b->data, cap);
+    if (p == NULL)
+        goto fail;
+    b->data = p;
+    b->cap = cap;
+    return p + b->len;
+fail:
+    b->oom = true;
+    return NULL;
+}
+
+void kvi_buf_put(struct kvi_buf *b, const void *p, size_t n)
+{
+    char *w = kvi_buf_reserve(b, n);
+    if (w == NULL || n == 0)
+        return;
+    memcpy(w, p, n);
+    b->len += n;
+}
+
+void kvi_buf_puts(struct kvi_buf *b, const char *s)
+{
+    kvi_buf_put(b, s, strlen(s));
+}
+
+void kvi_buf_putc(struct kvi_buf *b, char c)
+{
+    char *w = kvi_buf_reserve(b, 1);
+    if (w == NULL)
+        return;
+    *w = c;
+    b->len++;
+}
+
+static const char kvi_digits2[201] = "00010203040506070809"
+                                     "10111213141516171819"
+                                     "20212223242526272829"
+                                     "30313233343536373839"
+                                     "40414243444546474849"
+                                     "50515253545556575859"
+                                     "60616263646566676869"
+                                     "70717273747576777879"
+                                     "80818283848586878889"
+                                     "90919293949596979899";
+
+size_t kvi_u64_to_dec(uint64_t v, char *out)
+{
+    char tmp[20];
+    char *p = tmp + sizeof(tmp);
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        p -= 2;
+        memcpy(p, kvi_digits2 + 2 * r, 2);
+    }
+    if (v >= 10) {
+        p -= 2;
+        memcpy(p, kvi_digits2 + 2 * v, 2);
+    } else {
+        *--p = (char)('0' + v);
+    }
+    size_t n = (size_t)(tmp + sizeof(tmp) - p);
+    memcpy(out, p, n);
+    return n;
+}
+
+void kvi_buf_put_u64(struct kvi_buf *b, uint64_t v)
+{
+    char *w = kvi_buf_reserve(b, 20);
+    if (w == NULL)
+        return;
+    b->len += kvi_u64_to_dec(v, w);
+}
+
+void kvi_buf_put_i64(struct kvi_buf *b, int64_t v)
+{
+    if (v < 0) {
+        kvi_buf_putc(b, '-');
+        kvi_buf_put_u64(b, (uint64_t)0 - (uint64_t)v);
+    } else {
+        kvi_buf_put_u64(b, (uint64_t)v);
+    }
+}
+
+void kvi_buf_consume(struct kvi_buf *b, size_t n)
+{
+    if (n >= b->len) {
+        b->len = 0;
+        return;
+    }
+    memmove(b->data, b->data + n, b->len - n);
+    b->len -= n;
+}
+
+/* ---- scratch ------------------------------------------------------------------ */
+
+struct kvi_scratch_chunk {
+    struct kvi_scratch_chunk *next;
+    size_t cap;
+    size_t used;
+    size_t _pad; /* keeps data 16-byte aligned */
+    unsigned char data[];
+};
+
+#define KVI_SCRATCH_MIN_CHUNK (16u * 1024u)
+
+void kvi_scratch_init(struct kvi_scratch *s)
+{
+    s->_head = NULL;
+}
+
+void kvi_scratch_free(struct kvi_scratch *s)
+{
+    struct kvi_scratch_chunk *c = s->_head;
+    while (c != NULL) {
+        struct kvi_scratch_chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+    s->_head = NULL;
+}
+
+void kvi_scratch_reset(struct kvi_scratch *s)
+{
+    struct kvi_scratch_chunk *keep = NULL;
+    for (struct kvi_scratch_chunk *c = s->_head; c != NULL; c = c->next)
+        if (keep == NULL || c->cap > keep->cap)
+            keep = c;
+    struct kvi_scratch_chunk *c = s->_head;
+    while (c != NULL) {
+        struct kvi_scratch_chunk *next = c->next;
+        if (c != keep)
+            free(c);
+        c = next;
+    }
+    if (keep != NULL) {
+        keep->next = NULL;
+        keep->used = 0;
+    }
+    s->_head = keep;
+}
+
+void *kvi_scratch_alloc(struct kvi_scratch *s, size_t n)
+{
+    n = (n + 7) & ~(size_t)7;
+    if (n == 0)
+        n = 8;
+    struct kvi_scratch_chunk *c = s->_head;
+    if (c != NULL && c->cap - c->used >= n) {
+        void *p = c->data + c->used;
+        c->used += n;
+        return p;
+    }
+    size_t cap = n > KVI_SCRATCH_MIN_CHUNK ? n : KVI_SCRATCH_MIN_CHUNK;
+    if (cap > SIZE_MAX - sizeof(*c))
+        return NULL;
+    struct kvi_scratch_chunk *nc = malloc(sizeof(*nc) + cap);
+    if (nc == NULL)
+        return NULL;
+    nc->cap = cap;
+    nc->used = n;
+    /* Keep the chunk with more room in front, so small allocations after a
+     * big one still fill the previous chunk. */
+    if (c != NULL && c->cap - c->used > cap - n) {
+        nc->next = c->next;
+        c->next = nc;
+    } else {
+        nc->next = c;
+        s->_head = nc;
+    }
+    return nc->data;
+}
+
+char *kvi_scratch_strdup(struct kvi_scratch *s, const char *p, size_t n)
+{
+    char *d = kvi_scratch_alloc(s, n + 1);
+    if (d == NULL)
+        return NULL;
+    if (n)
+        memcpy(d, p, n);
+    d[n] = '\0';
+    return d;
+}
+
+bool kvi_str_eq(struct kvi_str s, const char *lit)
+{
+    size_t n = strlen(lit);
+    return s.len == n && memcmp(s.p, lit, n) == 0;
+}
+
+/* ---- reader: common ---------------------------------------------------------- */
+
+void kvi_rd_init(struct kvi_rd *rd, const void *body, size_t len, enum kvi_body_enc enc,
+                 struct kvi_scratch *scratch)
+{
+    rd->_base = body;
+    rd->_p = body;
+    rd->_end = rd->_p + len;
+    rd->_scratch = scratch;
+    rd->enc = enc;
+    rd->_depth = 0;
+    rd->err = 0;
+    rd->err_off = 0;
+    rd->err_what = NULL;
+}
+
+int kvi_rd__fail(struct kvi_rd *rd, const char *what)
+{
+    if (rd->err == 0) {
+        rd->err = -EBADMSG;
+        rd->err_off = (size_t)(rd->_p - rd->_base);
+        rd->err_what = what;
+    }
+    return rd->err;
+}
+
+int kvi_rd__nomem(struct kvi_rd *rd)
+{
+    if (rd->err == 0) {
+        rd->err = -ENOMEM;
+        rd->err_off = (size_t)(rd->_p - rd->_base);
+        rd->err_what = "out of memory";
+    }
+    return rd->err;
+}
+
+size_t kvi_rd_offset(const struct kvi_rd *rd)
+{
+    return (size_t)(rd->_p - rd->_base);
+}
+
+void kvi_rd_line_col(const struct kvi_rd *rd, size_t off, size_t *line, size_t *col)
+{
+    size_t ln = 1, last_nl = 0;
+    const uint8_t *end = rd->_base + off;
+    if (end > rd->_end)
+        end = rd->_end;
+    for (const uint8_t *p = rd->_base; p < end; p++) {
+        if (*p == '\n') {
+            ln++;
+            last_nl = (size_t)(p - rd->_base) + 1;
+        }
+    }
+    *line = ln;
+    *col = off - last_nl + 1;
+}
+
+/* ---- reader: JSON lexing ---------------------------------------------------- */
+
+static inline void json_ws(struct kvi_rd *rd)
+{
+    const uint8_t *p = rd->_p, *e = rd->_end;
+    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    rd->_p = p;
+}
+
+static inline bool is_digit(uint8_t c)
+{
+    return (unsigned)(c - '0') < 10u;
+}
+
+static int hex4(const uint8_t *p, uint32_t *out)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) {
+        uint8_t c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= (uint32_t)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (uint32_t)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (uint32_t)(c - 'A' + 10);
+        else
+            return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Length of the valid UTF-8 sequence starting at p (lead byte >= 0x80), or 0. */
+size_t kvi__utf8_seq(const uint8_t *p, const uint8_t *end)
+{
+    uint8_t c = p[0];
+    size_t n;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        n = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if ((size_t)(end - p) < n)
+        return 0;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+    return n;
+}
+
+static size_t put_utf8(uint8_t *d, uint32_t cp)
+{
+    if (cp < 0x80) {
+        d[0] = (uint8_t)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        d[0] = (uint8_t)(0xC0 | (cp >> 6));
+        d[1] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        d[0] = (uint8_t)(0xE0 | (cp >> 12));
+        d[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+        d[2] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    d[0] = (uint8_t)(0xF0 | (cp >> 18));
+    d[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+    d[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    d[3] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/*
+ * Decode the escapes of a string body [s, e) into d (room for e - s bytes).
+ * The body was checked by the scan except for escape contents.
+ * @return bytes written, or -1 with *bad at the offending escape.
+ */
+static ptrdiff_t json_unescape(const uint8_t *s, const uint8_t *e, uint8_t *d, const uint8_t **bad,
+                               const char **what)
+{
+    uint8_t *d0 = d;
+    while (s < e) {
+        if (*s != '\\') {
+            *d++ = *s++;
+            continue;
+        }
+        *bad = s;
+        uint8_t c = s[1];
+        s += 2;
+        switch (c) {
+        case '"': *d++ = '"'; break;
+        case '\\': *d++ = '\\'; break;
+        case '/': *d++ = '/'; break;
+        case 'b': *d++ = '\b'; break;
+        case 'f': *d++ = '\f'; break;
+        case 'n': *d++ = '\n'; break;
+        case 'r': *d++ = '\r'; break;
+        case 't': *d++ = '\t'; break;
+        case 'u': {
+            uint32_t cp;
+            if (e - s < 4 || hex4(s, &cp) != 0) {
+                *what = "invalid escape";
+                return -1;
+            }
+            s += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                uint32_t lo;
+                if (e - s < 6 || s[0] != '\\' || s[1] != 'u' || hex4(s + 2, &lo) != 0 ||
+                    lo < 0xDC00 || lo > 0xDFFF) {
+                    *what = "lone leading surrogate in hex escape";
+                    return -1;
+                }
+                s += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                *what = "unexpected end of hex escape";
+                return -1;
+            }
+            d += put_utf8(d, cp);
+            break;
+        }
+        default:
+            *what = "invalid escape";
+            return -1;
+        }
+    }
+    return d - d0;
+}
+
+/*
+ * Scan a JSON string at the cursor ('"'). With @p out, return the contents
+ * (zero-copy when there is no escape, otherwise decoded into scratch).
+ */
+static int json_str(struct kvi_rd *rd, struct kvi_str *out)
+{
+    const uint8_t *p = rd->_p + 1, *e = rd->_end;
+    const uint8_t *s = p;
+    bool esc = false;
+    for (;;) {
+        if (p >= e) {
+            rd->_p = p;
+            return kvi_rd__fail(rd, "EOF while parsing a string");
+        }
+        uint8_t c = *p;
+        if (c == '"')
+            break;
+        if (c == '\\') {
+            esc = true;
+            if (p + 1 >= e) {
+                rd->_p = p + 1;
+                return kvi_rd__fail(rd, "EOF while parsing a string");
+            }
+            p += 2;
+            continue;
+        }
+        if (c < 0x20) {
+            rd->_p = p;
+            return kvi_rd__fail(rd, "control character (\\u0000-\\u001F) found while parsing a string");
+        }
+        if (c >= 0x80) {
+            size_t n = kvi__utf8_seq(p, e);
+            if (n == 0) {
+                rd->_p = p;
+                return kvi_rd__fail(rd, "invalid unicode code point");
+            }
+            p += n;
+            continue;
+        }
+        p++;
+    }
+    if (!esc) {
+        if (out != NULL) {
+            out->p = (const char *)s;
+            out->len = (size_t)(p - s);
+        }
+        rd->_p = p + 1;
+        return 0;
+    }
+    /* Escapes: always decode (also when skipping) so bad escapes are caught. */
+    uint8_t *d = kvi_scratch_alloc(rd->_scratch, (size_t)(p - s) + 1);
+    if (d == NULL)
+        return kvi_rd__nomem(rd);
+    const uint8_t *bad = s;
+    const char *what = NULL;
+    ptrdiff_t n = json_unescape(s, p, d, &bad, &what);
+    if (n < 0) {
+        rd->_p = bad;
+        return kvi_rd__fail(rd, what);
+    }
+    d[n] = '\0';
+    if (out != NULL) {
+        out->p = (const char *)d;
+        out->len = (size_t)n;
+    }
+    rd->_p = p + 1;
+    return 0;
+}
+
+/*
+ * Lex a JSON number at the cursor. 0 = integer in *out, KVI_NUM_FLOAT,
+ * KVI_NUM_BIG, or -EBADMSG.
+ */
+static int json_num(struct kvi_rd *rd, struct kvi_num *out)
+{
+    const uint8_t *p = rd->_p, *e = rd->_end;
+    bool neg = false, big = false, flt = false;
+    uint64_t mag = 0;
+    if (p < e && *p == '-') {
+        neg = true;
+        p++;
+    }
+    if (p >= e || !is_digit(*p)) {
+        rd->_p = p;
+        return kvi_rd__fail(rd, "invalid number");
+    }
+    if (*p == '0') {
+        p++;
+        if (p < e && is_digit(*p)) {
+            rd->_p = p;
+            return kvi_rd__fail(rd, "invalid number");
+        }
+    } else {
+        while (p < e && is_digit(*p)) {
+            unsigned d = (unsigned)(*p - '0');
+            if (!big && (__builtin_mul_overflow(mag, 10u, &mag) || __builtin_add_overflow(mag, d, &mag)))
+                big = true;
+            p++;
+        }
+    }
+    if (p < e && *p == '.') {
+        p++;
+        if (p >= e || !is_digit(*p)) {
+            rd->_p = p;
+            return kvi_rd__fail(rd, "invalid number");
+        }
+        while (p < e && is_digit(*p))
+            p++;
+        flt = true;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-'))
+            p++;
+        if (p >= e || !is_digit(*p)) {
+            rd->_p = p;
+            return kvi_rd__fail(rd, "invalid number");
+        }
+        while (p < e && is_digit(*p))
+            p++;
+        flt = true;
+    }
+    rd->_p = p;
+    if (flt)
+        return KVI_NUM_FLOAT;
+    if (neg && mag > (uint64_t)1 << 63)
+        big = true;
+    if (big)
+        return KVI_NUM_BIG;
+    out->mag = mag;
+    out->neg = neg && mag != 0;
+    return 0;
+}
+
+static int json_lit(struct kvi_rd *rd, const char *lit, size_t n)
+{
+    if ((size_t)(rd->_end - rd->_p) < n || memcmp(rd->_p, lit, n) != 0)
+        return kvi_rd__fail(rd, "expected ident");
+    rd->_p += n;
+    return 0;
+}
+
+static enum kvi_vt json_peek(struct kvi_rd *rd)
+{
+    json_ws(rd);
+    if (rd->_p >= rd->_end)
+        return KVI_VT_BAD;
+    switch (*rd->_p) {
+    case '{': return KVI_VT_OBJ;
+    case '[': return KVI_VT_ARR;
+    case '"': return KVI_VT_STR;
+    case 't':
+    case 'f': return KVI_VT_BOOL;
+    case 'n': return KVI_VT_NULL;
+    case '-':
+    case '0': case '1': case '2': case '3': case '4':
+    case '5': case '6': case '7': case '8': case '9': return KVI_VT_INT;
+    default: return KVI_VT_BAD;
+    }
+}
+
+/* A value was expected: syntax error for garbage, KVI_RD_TYPE for another type. */
+static int json_wrong(struct kvi_rd *rd, enum kvi_vt vt)
+{
+    if (vt == KVI_VT_BAD)
+        return kvi_rd__fail(rd, rd->_p >= rd->_end ? "EOF while parsing a value" : "expected value");
+    return KVI_RD_TYPE;
+}
+
+int kvi_rd__push(struct kvi_rd *rd, uint32_t remain)
+{
+    if (rd->_depth >= KVI_RD_MAX_DEPTH)
+        return kvi_rd__fail(rd, "recursion limit exceeded");
+    rd->_first[rd->_depth] = 1;
+    rd->_remain[rd->_depth] = remain;
+    rd->_depth++;
+    return 0;
+}
+
+/* ---- reader: public, dispatching on the encoding -------------------------------- */
+
+enum kvi_vt kvi_rd_peek(struct kvi_rd *rd)
+{
+    if (rd->err)
+        return KVI_VT_BAD;
+    return rd->enc == KVI_ENC_MSGPACK ? kvi_mp__peek(rd) : json_peek(rd);
+}
+
+int kvi_rd_obj_begin(struct kvi_rd *rd)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__obj_begin(rd);
+    enum kvi_vt vt = json_peek(rd);
+    if (vt != KVI_VT_OBJ)
+        return json_wrong(rd, vt);
+    rd->_p++;
+    return kvi_rd__push(rd, 0);
+}
+
+int kvi_rd_obj_next(struct kvi_rd *rd, struct kvi_str *key)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__obj_next(rd, key);
+    json_ws(rd);
+    if (rd->_p >= rd->_end)
+        return kvi_rd__fail(rd, "EOF while parsing an object");
+    uint8_t *first = &rd->_first[rd->_depth - 1];
+    if (*rd->_p == '}') {
+        rd->_p++;
+        rd->_depth--;
+        return 0;
+    }
+    if (!*first) {
+        if (*rd->_p != ',')
+            return kvi_rd__fail(rd, "expected `,` or `}`");
+        rd->_p++;
+        json_ws(rd);
+        if (rd->_p >= rd->_end)
+            return kvi_rd__fail(rd, "EOF while parsing an object");
+        if (*rd->_p == '}')
+            return kvi_rd__fail(rd, "trailing comma");
+    }
+    *first = 0;
+    if (*rd->_p != '"')
+        return kvi_rd__fail(rd, "key must be a string");
+    int r = json_str(rd, key);
+    if (r < 0)
+        return r;
+    json_ws(rd);
+    if (rd->_p >= rd->_end)
+        return kvi_rd__fail(rd, "EOF while parsing an object");
+    if (*rd->_p != ':')
+        return kvi_rd__fail(rd, "expected `:`");
+    rd->_p++;
+    return 1;
+}
+
+int kvi_rd_arr_begin(struct kvi_rd *rd)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__arr_begin(rd, NULL);
+    enum kvi_vt vt = json_peek(rd);
+    if (vt != KVI_VT_ARR)
+        return json_wrong(rd, vt);
+    rd->_p++;
+    return kvi_rd__push(rd, 0);
+}
+
+int kvi_rd_arr_next(struct kvi_rd *rd)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__arr_next(rd);
+    json_ws(rd);
+    if (rd->_p >= rd->_end)
+        return kvi_rd__fail(rd, "EOF while parsing a list");
+    uint8_t *first = &rd->_first[rd->_depth - 1];
+    if (*rd->_p == ']') {
+        rd->_p++;
+        rd->_depth--;
+        return 0;
+    }
+    if (!*first) {
+        if (*rd->_p != ',')
+            return kvi_rd__fail(rd, "expected `,` or `]`");
+        rd->_p++;
+        json_ws(rd);
+        if (rd->_p < rd->_end && *rd->_p == ']')
+            return kvi_rd__fail(rd, "trailing comma");
+    }
+    *first = 0;
+    return 1;
+}
+
+int kvi_rd_str(struct kvi_rd *rd, struct kvi_str *out)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__str(rd, out);
+    enum kvi_vt vt = json_peek(rd);
+    if (vt != KVI_VT_STR)
+        return json_wrong(rd, vt);
+    return json_str(rd, out);
+}
+
+int kvi_rd_num(struct kvi_rd *rd, struct kvi_num *out)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__num(rd, out);
+    enum kvi_vt vt = json_peek(rd);
+    if (vt != KVI_VT_INT)
+        return json_wrong(rd, vt);
+    return json_num(rd, out);
+}
+
+int kvi_rd_bool(struct kvi_rd *rd, bool *out)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__bool(rd, out);
+    enum kvi_vt vt = json_peek(rd);
+    if (vt != KVI_VT_BOOL)
+        return json_wrong(rd, vt);
+    if (*rd->_p == 't') {
+        *out = true;
+        return json_lit(rd, "true", 4);
+    }
+    *out = false;
+    return json_lit(rd, "false", 5);
+}
+
+bool kvi_rd_null(struct kvi_rd *rd)
+{
+    if (rd->err)
+        return false;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__null(rd);
+    if (json_peek(rd) != KVI_VT_NULL)
+        return false;
+    return json_lit(rd, "null", 4) == 0;
+}
+
+int kvi_rd_bin(struct kvi_rd *rd, const uint8_t **p, size_t *len)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__bin(rd, p, len);
+    return json_wrong(rd, json_peek(rd));
+}
+
+int kvi_rd_skip(struct kvi_rd *rd)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_MSGPACK)
+        return kvi_mp__skip(rd);
+    struct kvi_num n;
+    struct kvi_str k;
+    bool b;
+    int r;
+    switch (json_peek(rd)) {
+    case KVI_VT_OBJ:
+        if ((r = kvi_rd_obj_begin(rd)) != 0)
+            return r;
+        while ((r = kvi_rd_obj_next(rd, &k)) == 1)
+            if ((r = kvi_rd_skip(rd)) != 0)
+                return r;
+        return r;
+    case KVI_VT_ARR:
+        if ((r = kvi_rd_arr_begin(rd)) != 0)
+            return r;
+        while ((r = kvi_rd_arr_next(rd)) == 1)
+            if ((r = kvi_rd_skip(rd)) != 0)
+                return r;
+        return r;
+    case KVI_VT_STR: return json_str(rd, NULL);
+    case KVI_VT_INT:
+        r = json_num(rd, &n);
+        return r < 0 ? r : 0;
+    case KVI_VT_BOOL: return kvi_rd_bool(rd, &b);
+    case KVI_VT_NULL: return json_lit(rd, "null", 4);
+    default: return json_wrong(rd, KVI_VT_BAD);
+    }
+}
+
+int kvi_rd_finish(struct kvi_rd *rd)
+{
+    if (rd->err)
+        return rd->err;
+    if (rd->enc == KVI_ENC_JSON)
+        json_ws(rd);
+    if (rd->_p != rd->_end)
+        return kvi_rd__fail(rd, "trailing characters");
+    return 0;
+}
+
+void kvi_rd_describe(struct kvi_rd *rd, char *out, size_t cap)
+{
+    if (cap == 0)
+        return;
+    out[0] = '\0';
+    if (rd->err)
+        return;
+    if (rd->enc == KVI_ENC_MSGPACK) {
+        kvi_mp__describe(rd, out, cap);
+        return;
+    }
+    const uint8_t *save = rd->_p;
+    switch (json_peek(rd)) {
+    case KVI_VT_OBJ: snprintf(out, cap, "map"); break;
+    case KVI_VT_ARR: snprintf(out, cap, "sequence"); break;
+    case KVI_VT_NULL: snprintf(out, cap, "null"); break;
+    case KVI_VT_BOOL: snprintf(out, cap, "boolean `%s`", *rd->_p == 't' ? "true" : "false"); break;
+    case KVI_VT_STR: {
+        struct kvi_str s;
+        if (json_str(rd, &s) == 0)
+            snprintf(out, cap, "string \"%.*s\"", (int)(s.len > 64 ? 64 : s.len), s.p);
+        break;
+    }
+    case KVI_VT_INT: {
+        struct kvi_num n;
+        const uint8_t *s = rd->_p;
+        int r = json_num(rd, &n);
+        if (r >= 0)
+            snprintf(out, cap, "%s `%.*s`", r == KVI_NUM_FLOAT ? "floating point" : "integer",
+                     (int)(rd->_p - s > 40 ? 40 : rd->_p - s), (const char *)s);
+        break;
+    }
+    default: snprintf(out, cap, "value"); break;
+    }
+    /* describing never changes the reader, not even on a syntax error */
+    rd->_p = save;
+    rd->err = 0;
+    rd->err_what = NULL;
+    rd->err_off = 0;
+}
+
+/* ---- reader: integer arrays (the token-id hot path) ------------------------------ */
+
+/*
+ * The leading decimal digits of the 8 bytes at @p p (readable): their count
+ * k, and when 1 <= k <= 7 their value in *v (k == 8: more digits may follow,
+ * *v untouched). Branch-free: per-byte digit test and the classic
+ * multiply-shift reduction of eight digits.
+ */
+static inline uint32_t swar_digits(const uint8_t *p, uint64_t *v)
+{
+    uint64_t x;
+    memcpy(&x, p, 8); /* little-endian: p[0] is the low byte */
+    uint64_t d = x ^ 0x3030303030303030ull; /* digits become 0..9 */
+    /* high bit of each byte set unless the byte is a digit */
+    uint64_t nd = (((d & 0x7f7f7f7f7f7f7f7full) + 0x7676767676767676ull) | d) & 0x8080808080808080ull;
+    if (nd == 0)
+        return 8;
+    uint32_t k = (uint32_t)__builtin_ctzll(nd) >> 3;
+    if (k == 0)
+        return 0;
+    /* keep the k digits in the top bytes (leading zeros below) */
+    d <<= 8 * (8 - k);
+    d = (d * 10 + (d >> 8)) & 0x00ff00ff00ff00ffull;
+    d = (d * 100 + (d >> 16)) & 0x0000ffff0000ffffull;
+    d = (d * 10000 + (d >> 32)) & 0x00000000ffffffffull;
+    *v = d;
+    return k;
+}
+
+static int json_int_array(struct kvi_rd *rd, int64_t min, uint64_t max, void **out, size_t *n_out,
+                          struct kvi_elem_err *e, int width)
+{
+    enum kvi_vt vt = json_peek(rd);
+    if (vt != KVI_VT_ARR)
+        return json_wrong(rd, vt);
+    rd->_p++;
+    /* Every element takes at least one byte plus a separator. */
+    size_t cap = (size_t)(rd->_end - rd->_p) / 2 + 1;
+    void *a = kvi_scratch_alloc(rd->_scratch, cap * (size_t)width);
+    if (a == NULL)
+        return kvi_rd__nomem(rd);
+    const uint8_t *p = rd->_p, *end = rd->_end;
+    size_t n = 0;
+    for (;;) {
+        while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+            p++;
+        if (p >= end) {
+            rd->_p = p;
+            return kvi_rd__fail(rd, "EOF while parsing a list");
+        }
+        if (*p == ']') {
+            if (n > 0) {
+                rd->_p = p;
+                return kvi_rd__fail(rd, "trailing comma");
+            }
+            p++;
+            break;
+        }
+        const uint8_t *el = p;
+        uint64_t v = (uint64_t)(*p - '0');
+        if (v < 10 && v != 0) {
+            /* fast path: a plain non-negative integer of up to 19 digits;
+             * up to 7 digits (token ids) without a per-digit branch */
+            uint32_t k;
+            if (end - p >= 8 && (k = swar_digits(p, &v)) < 8) {
+                p += k;
+            } else {
+                const uint8_t *lim = end - p > 19 ? p + 19 : end;
+                v = (uint64_t)(*p - '0');
+                p++;
+                while (p < lim && is_digit(*p))
+                    v = v * 10 + (uint64_t)(*p++ - '0');
+            }
+            if (p < end && (is_digit(*p) || *p == '.' || *p == 'e' || *p == 'E'))
+                goto slow;
+            if (v > max) {
+                e->index = n;
+                e->kind = KVI_EF_RANGE;
+                e->num.mag = v;
+                e->num.neg = false;
+                e->big = false;
+                e->off = (size_t)(el - rd->_base);
+                rd->_p = el;
+                return KVI_RD_ELEM;
+            }
+            kvi__store_elem(a, n, v, width);
+        } else {
+        slow:
+            rd->_p = p = el;
+            vt = json_peek(rd);
+            if (vt != KVI_VT_INT) {
+                if (vt == KVI_VT_BAD)
+                    return json_wrong(rd, vt);
+                e->index = n;
+                e->kind = KVI_EF_TYPE;
+                e->vt = vt;
+                e->off = (size_t)(el - rd->_base);
+                return KVI_RD_ELEM;
+            }
+            struct kvi_num num;
+            int r = json_num(rd, &num);
+            if (r < 0)
+                return r;
+            uint64_t bits;
+            if (r != 0 || !kvi__in_range(&num, min, max, &bits)) {
+                e->index = n;
+                e->kind = r == KVI_NUM_FLOAT ? KVI_EF_FLOAT : KVI_EF_RANGE;
+                e->num = num;
+                e->big = r == KVI_NUM_BIG;
+                e->vt = KVI_VT_INT;
+                e->off = (size_t)(el - rd->_base);
+                rd->_p = el;
+                return KVI_RD_ELEM;
+            }
+            kvi__store_elem(a, n, bits, width);
+            p = rd->_p;
+        }
+        n++;
+        while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+            p++;
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
+        if (p < end && *p == ']') {
+            p++;
+            break;
+        }
+        rd->_p = p;
+        return kvi_rd__fail(rd, p >= end ? "EOF while parsing a list" : "expected `,` or `]`");
+    }
+    rd->_p = p;
+    *out = a;
+    *n_out = n;
+    return 0;
+}
+
+int kvi_rd_u32_array(struct kvi_rd *rd, int64_t min, uint64_t max, uint32_t **out, size_t *n,
+                     struct kvi_elem_err *e)
+{
+    if (rd->err)
+        return rd->err;
+    void *a = NULL;
+    int r = rd->enc == KVI_ENC_MSGPACK ? kvi_mp__int_array(rd, min, max, &a, n, e, 4)
+                                       : json_int_array(rd, min, max, &a, n, e, 4);
+    if (r == 0)
+        *out = a;
+    return r;
+}
+
+int kvi_rd_u64_array(struct kvi_rd *rd, int64_t min, uint64_t max, uint64_t **out, size_t *n,
+                     struct kvi_elem_err *e)
+{
+    if (rd->err)
+        return rd->err;
+    void *a = NULL;
+    int r = rd->enc == KVI_ENC_MSGPACK ? kvi_mp__int_array(rd, min, max, &a, n, e, 8)
+                                       : json_int_array(rd, min, max, &a, n, e, 8);
+    if (r == 0)
+        *out = a;
+    return r;
+}
+
+/* ---- key peeking for dialect detection ---------------------------------------- */
+
+/* Skip a JSON value without checking it: strings, brackets and scalars only. */
+static const uint8_t *json_fast_skip(const uint8_t *p, const uint8_t *e)
+{
+    if (p >= e)
+        return NULL;
+    if (*p == '"') {
+        for (p++; p < e; p++) {
+            if (*p == '\\')
+                p++;
+            else if (*p == '"')
+                return p + 1;
+        }
+        return NULL;
+    }
+    if (*p == '[' || *p == '{') {
+        /* A flat array of numbers (token ids, hashes) ends at the first ']':
+         * jump there with memchr. For anything but valid number arrays the
+         * guess may be wrong, which only affects dialect detection of a body
+         * that every dialect rejects. */
+        const uint8_t *q = p + 1;
+        while (q < e && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t'))
+            q++;
+        if (*p == '[' && q < e && (is_digit(*q) || *q == '-')) {
+            const uint8_t *c = memchr(q, ']', (size_t)(e - q));
+            return c ? c + 1 : NULL;
+        }
+        unsigned depth = 0;
+        for (; p < e; p++) {
+            uint8_t c = *p;
+            if (c == '"') {
+                p = json_fast_skip(p, e);
+                if (p == NULL)
+                    return NULL;
+                p--;
+            } else if (c == '[' || c == '{') {
+                depth++;
+            } else if (c == ']' || c == '}') {
+                if (--depth == 0)
+                    return p + 1;
+            }
+        }
+        return NULL;
+    }
+    while (p < e && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\n' && *p != '\r' &&
+           *p != '\t')
+        p++;
+    return p;
+}
+
+int kvi_rd_peek_keys(const void *body, size_t len, enum kvi_body_enc enc,
+                     int (*fn)(void *ctx, struct kvi_str key, enum kvi_vt vt), void *ctx)
+{
+    struct kvi_scratch scratch;
+    kvi_scratch_init(&scratch);
+    struct kvi_rd rd;
+    kvi_rd_init(&rd, body, len, enc, &scratch);
+    int ret = 0;
+    if (kvi_rd_obj_begin(&rd) != 0) {
+        ret = -EBADMSG;
+        goto out;
+    }
+    for (;;) {
+        struct kvi_str key;
+        int r = kvi_rd_obj_next(&rd, &key);
+        if (r <= 0) {
+            ret = r < 0 ? -EBADMSG : 0;
+            break;
+        }
+        enum kvi_vt vt = kvi_rd_peek(&rd);
+        if (fn(ctx, key, vt) != 0)
+            break;
+        if (enc == KVI_ENC_MSGPACK) {
+            if (kvi_rd_skip(&rd) != 0) {
+                ret = -EBADMSG;
+                break;
+            }
+        } else {
+            const uint8_t *q = json_fast_skip(rd._p, rd._end);
+            if (q == NULL) {
+                ret = -EBADMSG;
+                break;
+            }
+            rd._p = q;
+        }
+    }
+out:
+    kvi_scratch_free(&scratch);
+    return ret;
+}
+
+/* ---- writer --------------------------------------------------------------------- */
+
+void kvi_json_put_str(struct kvi_buf *b, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    kvi_buf_putc(b, '"');
+    size_t run = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        kvi_buf_put(b, s + run, i - run);
+        run = i + 1;
+        char esc[6] = {'\\', 0, 0, 0, 0, 0};
+        size_t n = 2;
+        switch (c) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        default:
+            esc[1] = 'u';
+            esc[2] = '0';
+            esc[3] = '0';
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            n = 6;
+        }
+        kvi_buf_put(b, esc, n);
+    }
+    kvi_buf_put(b, s + run, len - run);
+    kvi_buf_putc(b, '"');
+}
+
+void kvi_wr_init(struct kvi_wr *w, struct kvi_buf *b, enum kvi_body_enc enc)
+{
+    w->b = b;
+    w->enc = enc;
+    w->_depth = 0;
+    w->_after_key = false;
+}
+
+/* JSON separator before a value (or key) in the current container. */
+static inline void wr_sep(struct kvi_wr *w)
+{
+    if (w->_after_key) {
+        w->_after_key = false;
+        return;
+    }
+    if (w->_depth == 0)
+        return;
+    if (w->_first[w->_depth - 1])
+        w->_first[w->_depth - 1] = 0;
+    else
+        kvi_buf_putc(w->b, ',');
+}
+
+static void wr_open(struct kvi_wr *w, uint32_t n, bool obj)
+{
+    if (w->enc == KVI_ENC_MSGPACK) {
+        if (obj)
+            kvi_mp__put_map(w->b, n);
+        else
+            kvi_mp__put_arr(w->b, n);
+    } else {
+        wr_sep(w);
+        kvi_buf_putc(w->b, obj ? '{' : '[');
+    }
+    if (w->_depth >= KVI_WR_MAX_DEPTH) {
+        w->b->oom = true; /* programming error surfaces as a failed encode */
+        return;
+    }
+    w->_first[w->_depth] = 1;
+    w->_is_obj[w->_depth] = obj;
+    w->_depth++;
+}
+
+void kvi_wr_obj(struct kvi_wr *w, uint32_t n)
+{
+    wr_open(w, n, true);
+}
+
+void kvi_wr_arr(struct kvi_wr *w, uint32_t n)
+{
+    wr_open(w, n, false);
+}
+
+void kvi_wr_end(struct kvi_wr *w)
+{
+    if (w->_depth == 0)
+        return;
+    w->_depth--;
+    if (w->enc == KVI_ENC_JSON)
+        kvi_buf_putc(w->b, w->_is_obj[w->_depth] ? '}' : ']');
+}
+
+void kvi_wr_key(struct kvi_wr *w, const char *s, size_t len)
+{
+    if (w->enc == KVI_ENC_MSGPACK) {
+        kvi_mp__put_str(w->b, s, len);
+        return;
+    }
+    wr_sep(w);
+    kvi_json_put_str(w->b, s, len);
+    kvi_buf_putc(w->b, ':');
+    w->_after_key = true;
+}
+
+void kvi_wr_keyz(struct kvi_wr *w, const char *s)
+{
+    kvi_wr_key(w, s, strlen(s));
+}
+
+void kvi_wr_key_u64(struct kvi_wr *w, uint64_t v)
+{
+    char tmp[20];
+    kvi_wr_key(w, tmp, kvi_u64_to_dec(v, tmp));
+}
+
+void kvi_wr_str(struct kvi_wr *w, const char *s, size_t len)
+{
+    if (w->enc == KVI_ENC_MSGPACK) {
+        kvi_mp__put_str(w->b, s, len);
+        return;
+    }
+    wr_sep(w);
+    kvi_json_put_str(w->b, s, len);
+}
+
+void kvi_wr_strz(struct kvi_wr *w, const char *s)
+{
+    kvi_wr_str(w, s, strlen(s));
+}
+
+void kvi_wr_u64(struct kvi_wr *w, uint64_t v)
+{
+    if (w->enc == KVI_ENC_MSGPACK) {
+        kvi_mp__put_u64(w->b, v);
+        return;
+    }
+    wr_sep(w);
+    kvi_buf_put_u64(w->b, v);
+}
+
+void kvi_wr_i64(struct kvi_wr *w, int64_t v)
+{
+    if (w->enc == KVI_ENC_MSGPACK) {
+        kvi_mp__put_i64(w->b, v);
+        return;
+    }
+    wr_sep(w);
+    kvi_buf_put_i64(w->b, v);
+}
+
+void kvi_wr_bool(struct kvi_wr *w, bool v)
+{
+    if (w->enc == KVI_ENC_MSGPACK) {
+        kvi_mp__put_bool(w->b, v);
+        return;
+    }
+    wr_sep(w);
+    kvi_buf_puts(w->b, v ? "true" : "false");
+}
+
+void kvi_wr_null(struct kvi_wr *w)
+{
+    if (w->enc == KVI_ENC_MSGPACK) {
+        kvi_mp__put_nil(w->b);
+        return;
+    }
+    wr_sep(w);
+    kvi_buf_puts(w->b, "null");
+}
