@@ -166,8 +166,9 @@ int kvi_err_too_large(struct kvi_api_err *e, size_t limit);
 int kvi_err_internal(struct kvi_api_err *e, const char *msg);
 
 /**
- * Check a ZMQ endpoint (http-api.md §1.1): tcp://host:port (host non-empty,
- * '*' allowed, IPv6 in brackets, port a u16), ipc://..., inproc://...
+ * Check a ZMQ endpoint (http-api.md §1.1) with net/endpoint.h's rules:
+ * tcp://host:port (host non-empty, '*' allowed, IPv6 in brackets, port a
+ * u16), ipc://..., inproc://...
  * @param why  receives the reason on failure (static string)
  * @return true when valid.
  */

@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "api/codec_internal.h"
+#include "net/endpoint.h"
 
 const struct kvi_str kvi_str_default = {"default", 7};
 
@@ -300,88 +301,10 @@ int kvi_err_internal(struct kvi_api_err *e, const char *msg)
 
 /* ---- endpoints ---------------------------------------------------------------------- */
 
-static bool has_prefix(const char *s, size_t len, const char *lit)
-{
-    size_t n = strlen(lit);
-    return len >= n && memcmp(s, lit, n) == 0;
-}
-
 bool kvi_endpoint_valid(const char *s, size_t len, const char **why)
 {
-    if (has_prefix(s, len, "ipc://") || has_prefix(s, len, "inproc://"))
-        return true;
-    if (!has_prefix(s, len, "tcp://")) {
-        for (size_t i = 0; i + 3 <= len; i++) {
-            if (memcmp(s + i, "://", 3) == 0) {
-                *why = "unsupported scheme";
-                return false;
-            }
-        }
-        *why = "missing scheme";
-        return false;
-    }
-    const char *h = s + 6;
-    size_t n = len - 6;
-    const char *colon;
-    size_t host_len;
-    if (n > 0 && h[0] == '[') {
-        const char *rb = memchr(h, ']', n);
-        if (rb == NULL || rb == h + 1) {
-            *why = "invalid IPv6 host";
-            return false;
-        }
-        colon = rb + 1;
-        if (colon >= h + n || *colon != ':') {
-            *why = "missing port";
-            return false;
-        }
-        host_len = (size_t)(colon - h);
-    } else {
-        colon = NULL;
-        for (size_t i = n; i > 0; i--)
-            if (h[i - 1] == ':') {
-                colon = h + i - 1;
-                break;
-            }
-        if (colon == NULL) {
-            *why = "missing port";
-            return false;
-        }
-        host_len = (size_t)(colon - h);
-        if (host_len == 0) {
-            *why = "missing host";
-            return false;
-        }
-        if (memchr(h, ':', host_len) != NULL) {
-            *why = "an IPv6 host must be in brackets";
-            return false;
-        }
-        for (size_t i = 0; i < host_len; i++) {
-            if (h[i] == '[' || h[i] == ']' || h[i] == '/' || h[i] == ' ') {
-                *why = "invalid host";
-                return false;
-            }
-        }
-    }
-    const char *port = colon + 1;
-    size_t plen = (size_t)(h + n - port);
-    if (plen == 0) {
-        *why = "missing port";
-        return false;
-    }
-    uint32_t v = 0;
-    for (size_t i = 0; i < plen; i++) {
-        if (port[i] < '0' || port[i] > '9' || plen > 5) {
-            *why = "invalid port";
-            return false;
-        }
-        v = v * 10 + (uint32_t)(port[i] - '0');
-    }
-    if (v > 65535) {
-        *why = "invalid port";
-        return false;
-    }
-    return true;
+    *why = kvi_endpoint_check(s, len); /* one rule set: net/endpoint.c */
+    return *why == NULL;
 }
 
 /* ---- the table-driven parser ------------------------------------------------------- */

@@ -41,42 +41,57 @@ static bool parse_uint(const char *s, size_t len, uint64_t max, uint64_t *out)
     return true;
 }
 
+const char *kvi_endpoint_check(const char *s, size_t len)
+{
+    if (len == 0)
+        return "empty endpoint";
+    if ((len >= 6 && memcmp(s, "ipc://", 6) == 0) || (len >= 9 && memcmp(s, "inproc://", 9) == 0))
+        return NULL;
+    if (len < 6 || memcmp(s, "tcp://", 6) != 0) {
+        for (size_t i = 0; i + 3 <= len; i++)
+            if (memcmp(s + i, "://", 3) == 0)
+                return "unsupported scheme";
+        return "missing scheme";
+    }
+    const char *h = s + 6, *end = s + len, *colon;
+    if (h < end && *h == '[') {
+        const char *close = memchr(h, ']', (size_t)(end - h));
+        if (close == NULL || close == h + 1)
+            return "invalid IPv6 host";
+        if (close + 1 >= end || close[1] != ':')
+            return "missing port";
+        colon = close + 1;
+    } else {
+        colon = NULL;
+        for (const char *q = end; q > h; q--)
+            if (q[-1] == ':') {
+                colon = q - 1;
+                break;
+            }
+        if (colon == NULL)
+            return "missing port";
+        size_t hostlen = (size_t)(colon - h);
+        if (hostlen == 0)
+            return "missing host";
+        if (memchr(h, ':', hostlen) != NULL)
+            return "an IPv6 host must be in brackets";
+        for (size_t i = 0; i < hostlen; i++)
+            if (h[i] == '[' || h[i] == ']' || h[i] == '/' || h[i] == ' ')
+                return "invalid host";
+    }
+    uint64_t port;
+    if (!parse_uint(colon + 1, (size_t)(end - colon - 1), 65535, &port))
+        return colon + 1 == end ? "missing port" : "invalid port";
+    return NULL;
+}
+
 int kvi_endpoint_validate(const char *ep, char *err, size_t errlen)
 {
-    if (ep == NULL || *ep == '\0')
-        return fail(err, errlen, "empty endpoint");
-    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "inproc://", 9) == 0)
+    const char *why = kvi_endpoint_check(ep, ep != NULL ? strlen(ep) : 0);
+    if (why == NULL)
         return 0;
-    const char *sep = strstr(ep, "://");
-    if (sep == NULL)
-        return fail(err, errlen, "invalid endpoint '%s': missing scheme (expected tcp://host:port, ipc:// or inproc://)", ep);
-    if (sep - ep != 3 || strncmp(ep, "tcp", 3) != 0)
-        return fail(err, errlen, "invalid endpoint '%s': unsupported scheme '%.*s'", ep, (int)(sep - ep), ep);
-    const char *host = sep + 3, *colon;
-    size_t hostlen;
-    if (*host == '[') {
-        const char *close = strchr(host, ']');
-        if (close == NULL || close == host + 1)
-            return fail(err, errlen, "invalid endpoint '%s': malformed IPv6 host", ep);
-        if (close[1] != ':')
-            return fail(err, errlen, "invalid endpoint '%s': missing port", ep);
-        colon = close + 1;
-        hostlen = (size_t)(close - host - 1);
-    } else {
-        colon = strrchr(host, ':');
-        if (colon == NULL)
-            return fail(err, errlen, "invalid endpoint '%s': missing port", ep);
-        hostlen = (size_t)(colon - host);
-        if (memchr(host, ':', hostlen) != NULL)
-            return fail(err, errlen, "invalid endpoint '%s': IPv6 hosts must be in brackets", ep);
-    }
-    if (hostlen == 0)
-        return fail(err, errlen, "invalid endpoint '%s': missing host", ep);
-    uint64_t port;
-    const char *p = colon + 1;
-    if (!parse_uint(p, strlen(p), 65535, &port))
-        return fail(err, errlen, "invalid endpoint '%s': port must be 0-65535", ep);
-    return 0;
+    return fail(err, errlen, "invalid endpoint '%s': %s (expected tcp://host:port, ipc://... or inproc://...)",
+                ep != NULL ? ep : "", why);
 }
 
 int kvi_workers_parse(const char *spec, struct kvi_worker_spec *out, size_t cap, size_t *n, char *err,

@@ -11,6 +11,16 @@
 #include <stdint.h>
 
 /**
+ * Check an engine endpoint of @p len bytes (not NUL-terminated) against the
+ * rules of kvi_endpoint_validate.
+ * @return NULL when valid, else a static reason ("missing scheme",
+ *         "unsupported scheme", "missing host", "missing port", "invalid port",
+ *         "invalid host", "invalid IPv6 host", "an IPv6 host must be in
+ *         brackets", "empty endpoint").
+ */
+const char *kvi_endpoint_check(const char *s, size_t len);
+
+/**
  * Validate an engine endpoint: `tcp://host:port` (non-empty host, `*`
  * allowed, IPv6 hosts in brackets, port a u16, 0 allowed), or `ipc://...` /
  * `inproc://...` as is.
