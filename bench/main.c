@@ -15,6 +15,7 @@ static const struct subcommand subcommands[] = {
     {"ring", kvi_bench_ring, "SPSC ring throughput by burst size"},
     {"decode", kvi_bench_decode, "KV-event batch decoding per core: cursor decoder vs msgpack-c"},
     {"trace", kvi_bench_trace, "Mooncake-trace replay: kvidx vs baselines, keep-up and find latency"},
+    {"ingest", kvi_bench_ingest, "ZMQ publishers -> listeners -> writers -> index on the Mooncake event mix"},
 };
 
 static void usage(FILE *f)

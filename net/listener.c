@@ -1,0 +1,931 @@
+/*
+ * ZMQ event listeners: the listener threads, their sockets and commands
+ * (net/listener.h; the pool and registry are in net/listener_registry.c).
+ *
+ * DESIGN
+ *   Threads. A pool runs N listener threads. Each owns: an epoll set, an
+ *   eventfd for commands, a kvi_producer on the writer pool, a kvi_decoder,
+ *   the ZMQ sockets of the registrations it serves, and those
+ *   registrations' streams (net/replay.h). Nothing a thread owns is touched
+ *   by another thread, except counters (relaxed single-writer atomics) and
+ *   the registry fields marked "pool->mu" below.
+ *
+ *   Polling. The epoll set holds each socket's ZMQ_FD. That fd only says
+ *   that the socket's state may have changed (libzmq signals commands, not
+ *   messages), so a socket is served from a ready list: it joins the list
+ *   when its fd fires and after every send on it, and it leaves the list
+ *   only once a receive returned EAGAIN (at most `budget` messages per
+ *   socket per turn, so one busy engine cannot starve the others). A wake-up
+ *   costs O(sockets that fired); zmq_poll would cost O(sockets) per call
+ *   (measured on this machine: 214 us for 500 idle SUB sockets, 410 ns of
+ *   ZMQ_EVENTS each), which 1,000 mostly idle registrations cannot afford.
+ *
+ *   Commands. register / unregister / pause / resume / open_gate take
+ *   pool->ctl (one control call at a time), queue a command on the target
+ *   thread (t->mu), write its eventfd and wait on t->cv until the thread has
+ *   executed it. The thread runs commands after serving its ready sockets in
+ *   each turn, so a socket or listener freed by a command is never on the
+ *   ready list or in an unprocessed epoll event.
+ *
+ *   Ordering. Each listener's batches are decoded and ingested on its
+ *   thread in seq order (the stream's rules), through the thread's producer:
+ *   sticky routing then keeps every worker's ops in order on its writer.
+ *
+ *   Shutdown. destroy unregisters every listener (each flushes the thread's
+ *   producer), stops the threads (which destroy their producers and
+ *   decoders), then terminates the ZMQ context.
+ *
+ *   Lock order: pool->ctl, then pool->mu or t->mu (never both of the last two).
+ */
+#include "net/listener_internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "engine/common.h"
+
+#define MAX_EVENTS 64
+
+/* ---- small helpers -------------------------------------------------------- */
+
+char *kvi_lis__strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = kvi_xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+static uint64_t be64_get(const void *p)
+{
+    const uint8_t *b = p;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | b[i];
+    return v;
+}
+
+static void be64_put(void *p, uint64_t v)
+{
+    uint8_t *b = p;
+    for (int i = 7; i >= 0; i--) {
+        b[i] = (uint8_t)v;
+        v >>= 8;
+    }
+}
+
+#define CTR(l, field, v) kvi_relaxed_add(&(l)->ctr.field, (uint64_t)(v))
+#define TCTR(t, field, v) kvi_relaxed_add(&(t)->field, (uint64_t)(v))
+
+__attribute__((format(printf, 2, 3))) static void lis_warn(struct listener *l, const char *fmt, ...);
+
+static void lis_warn(struct listener *l, const char *fmt, ...)
+{
+    if (l->lp->cfg.quiet || l->warn_budget == 0)
+        return;
+    l->warn_budget--;
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "kvidx listener %s: %s%s\n", l->tgt_name, msg,
+            l->warn_budget == 0 ? " (further warnings suppressed)" : "");
+}
+
+const char *kvi_listener_state_name(enum kvi_listener_state s)
+{
+    static const char *const names[] = {"pending", "active", "paused", "failed"};
+    return (unsigned)s < KVI_LISTENER_STATES ? names[s] : "unknown";
+}
+
+/* Set state (and last_error when err != NULL) under pool->mu. */
+__attribute__((format(printf, 3, 4))) static void set_state(struct listener *l, uint8_t state, const char *err, ...);
+
+static void set_state(struct listener *l, uint8_t state, const char *err, ...)
+{
+    pthread_mutex_lock(&l->lp->mu);
+    l->state = state;
+    if (err != NULL) {
+        va_list ap;
+        va_start(ap, err);
+        vsnprintf(l->last_error, sizeof l->last_error, err, ap);
+        va_end(ap);
+    } else if (state != KVI_LISTENER_FAILED) {
+        l->last_error[0] = '\0';
+    }
+    pthread_mutex_unlock(&l->lp->mu);
+}
+
+static void publish_wm(struct listener *l)
+{
+    const struct kvi_wm *wm = &l->stream.wm;
+    atomic_store_explicit(&l->pub_w1, wm->w_set ? wm->w + 1 : 0, memory_order_relaxed);
+    atomic_store_explicit(&l->pub_l1, wm->l_set ? wm->l + 1 : 0, memory_order_relaxed);
+}
+
+/* ---- sockets -------------------------------------------------------------- */
+
+static void set_ready(struct lis_thread *t, struct lsock *s)
+{
+    if (s->ready || s->zs == NULL)
+        return;
+    if (t->n_ready == t->cap_ready) {
+        t->cap_ready = t->cap_ready ? t->cap_ready * 2 : 64;
+        t->ready = kvi_xrealloc(t->ready, t->cap_ready * sizeof *t->ready);
+    }
+    t->ready[t->n_ready++] = s;
+    s->ready = true;
+}
+
+static void unset_ready(struct lis_thread *t, struct lsock *s)
+{
+    if (!s->ready)
+        return;
+    for (size_t i = 0; i < t->n_ready; i++)
+        if (t->ready[i] == s) {
+            t->ready[i] = t->ready[--t->n_ready];
+            break;
+        }
+    s->ready = false;
+}
+
+static int sock_poll(struct lis_thread *t, struct lsock *s)
+{
+    if (s->polled)
+        return 0;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = s};
+    if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, s->fd, &ev) != 0)
+        return -errno;
+    s->polled = true;
+    set_ready(t, s); /* messages may be queued already: the fd does not say so */
+    return 0;
+}
+
+static void sock_close(struct lis_thread *t, struct lsock *s)
+{
+    if (s->zs == NULL)
+        return;
+    unset_ready(t, s);
+    if (s->polled)
+        epoll_ctl(t->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+    s->polled = false;
+    zmq_close(s->zs);
+    s->zs = NULL;
+    atomic_fetch_sub_explicit(&t->n_sockets, 1, memory_order_relaxed);
+}
+
+static void setopt_int(void *zs, int opt, int v)
+{
+    zmq_setsockopt(zs, opt, &v, sizeof v);
+}
+
+/* Create a socket with the options of wire-protocol.md §1.6. */
+static int sock_open(struct lis_thread *t, struct lsock *s, int type, uint8_t kind, void *owner)
+{
+    s->zs = zmq_socket(t->lp->zctx, type);
+    if (s->zs == NULL)
+        return -errno;
+    s->kind = kind;
+    s->owner = owner;
+    s->ready = s->polled = false;
+    atomic_fetch_add_explicit(&t->n_sockets, 1, memory_order_relaxed);
+    setopt_int(s->zs, ZMQ_LINGER, 0);
+    setopt_int(s->zs, ZMQ_RECONNECT_IVL, 100);
+    setopt_int(s->zs, ZMQ_RECONNECT_IVL_MAX, 5000);
+    setopt_int(s->zs, ZMQ_TCP_KEEPALIVE, 1);
+    setopt_int(s->zs, ZMQ_HEARTBEAT_IVL, 5000);
+    setopt_int(s->zs, ZMQ_HEARTBEAT_TIMEOUT, 15000);
+    setopt_int(s->zs, ZMQ_HEARTBEAT_TTL, 15000);
+    setopt_int(s->zs, ZMQ_RCVTIMEO, 100);
+    if (type == ZMQ_DEALER) {
+        setopt_int(s->zs, ZMQ_SNDTIMEO, 0);
+        setopt_int(s->zs, ZMQ_RCVHWM, 0); /* a ROUTER drops replies when the pipe fills (§7.4) */
+    } else {
+        int hwm = t->lp->cfg.sub_hwm;
+        setopt_int(s->zs, ZMQ_RCVHWM, hwm < 0 ? 0 : hwm);
+    }
+    size_t fdlen = sizeof s->fd;
+    if (zmq_getsockopt(s->zs, ZMQ_FD, &s->fd, &fdlen) != 0) {
+        int e = errno;
+        sock_close(t, s);
+        return -e;
+    }
+    return 0;
+}
+
+/* ---- bind endpoints (thread side) ----------------------------------------- */
+
+static struct bind_ep *bind_find(struct lis_thread *t, const char *ep)
+{
+    for (struct bind_ep *b = t->binds; b != NULL; b = b->next)
+        if (strcmp(b->endpoint, ep) == 0)
+            return b;
+    return NULL;
+}
+
+/* Open and bind the shared socket if it is not bound. @return 0 or -errno. */
+static int bind_ensure(struct lis_thread *t, struct bind_ep *b)
+{
+    if (b->bound)
+        return 0;
+    int rc = sock_open(t, &b->sock, ZMQ_SUB, SK_BIND, b);
+    if (rc == 0 && zmq_bind(b->sock.zs, b->endpoint) != 0)
+        rc = -errno;
+    if (rc != 0) {
+        sock_close(t, &b->sock);
+        return rc;
+    }
+    b->bound = true;
+    if (atomic_load_explicit(&t->lp->gate_open, memory_order_acquire))
+        sock_poll(t, &b->sock);
+    return 0;
+}
+
+static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct listener *l)
+{
+    for (size_t i = 0; i < b->n; i++)
+        if (b->members[i] == l) {
+            b->members[i] = b->members[--b->n];
+            break;
+        }
+    if (b->last_hit == l)
+        b->last_hit = NULL;
+    if (b->n > 0)
+        return;
+    sock_close(t, &b->sock);
+    for (struct bind_ep **pp = &t->binds; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == b) {
+            *pp = b->next;
+            break;
+        }
+    free(b->members);
+    free(b->endpoint);
+    free(b);
+}
+
+/* The member whose topic is the longest prefix of @p topic, or NULL. */
+static struct listener *bind_match(struct bind_ep *b, const void *topic, size_t len)
+{
+    struct listener *h = b->last_hit;
+    struct listener *best = NULL;
+    if (h != NULL && h->topic_len <= len && memcmp(h->topic, topic, h->topic_len) == 0) {
+        best = h;
+        if (b->n == 1)
+            return best;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        struct listener *m = b->members[i];
+        if (m->topic_len <= len && (best == NULL || m->topic_len > best->topic_len) &&
+            memcmp(m->topic, topic, m->topic_len) == 0)
+            best = m;
+    }
+    b->last_hit = best;
+    return best;
+}
+
+/* ---- stream callbacks ----------------------------------------------------- */
+
+static void note_rank(struct listener *l, uint32_t r)
+{
+    if (r == l->dp_rank)
+        return;
+    for (uint32_t i = 0; i < l->n_ranks; i++)
+        if (l->ranks[i] == r)
+            return;
+    if (l->n_ranks < KVI_LIS_MAX_RANKS)
+        l->ranks[l->n_ranks++] = r;
+}
+
+static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
+{
+    struct listener *l = ctx;
+    struct lis_thread *t = l->thr;
+    bool timing = l->lp->cfg.timing;
+    uint64_t t0 = timing ? kvi_now_ns() : 0;
+    struct kvi_batch b;
+    int rc = kvi_decode_batch(t->dec, buf, len, &b);
+    uint64_t t1 = timing ? kvi_now_ns() : 0;
+    if (timing)
+        TCTR(t, decode_ns, t1 - t0);
+    if (rc != 0) {
+        lis_warn(l, "batch %llu dropped: %s", (unsigned long long)seq, kvi_decoder_error_str(t->dec));
+        return -EBADMSG;
+    }
+    if (b.has_dp_rank)
+        note_rank(l, b.dp_rank);
+    kvi_ingest_batch(&l->tgt, &b, t->prod);
+    if (timing)
+        TCTR(t, ingest_ns, kvi_now_ns() - t1);
+    return 0;
+}
+
+/* Publisher restart or clear policy: the rank's state (and any rank its batches named) is gone. */
+static void cb_clear(void *ctx)
+{
+    struct listener *l = ctx;
+    kvi_ingest_reset_rank(&l->tgt, l->dp_rank, l->thr->prod);
+    for (uint32_t i = 0; i < l->n_ranks; i++)
+        kvi_ingest_reset_rank(&l->tgt, l->ranks[i], l->thr->prod);
+    l->n_ranks = 0;
+}
+
+static int dealer_open(struct listener *l)
+{
+    struct lis_thread *t = l->thr;
+    int rc = sock_open(t, &l->dealer, ZMQ_DEALER, SK_DEALER, l);
+    if (rc == 0 && zmq_connect(l->dealer.zs, l->replay_ep) != 0)
+        rc = -errno;
+    if (rc == 0)
+        rc = sock_poll(t, &l->dealer);
+    if (rc != 0) {
+        sock_close(t, &l->dealer);
+        lis_warn(l, "failed to connect replay DEALER to %s: %s", l->replay_ep, zmq_strerror(-rc));
+    }
+    return rc;
+}
+
+static int cb_request(void *ctx, uint64_t from)
+{
+    struct listener *l = ctx;
+    if (l->dealer.zs == NULL) {
+        int rc = dealer_open(l);
+        if (rc != 0)
+            return rc;
+    }
+    uint8_t seq[8];
+    be64_put(seq, from);
+    int rc = 0;
+    if (zmq_send(l->dealer.zs, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) != 0 ||
+        zmq_send(l->dealer.zs, seq, 8, ZMQ_DONTWAIT) != 8)
+        rc = -errno;
+    set_ready(l->thr, &l->dealer); /* a send may leave the socket readable without an fd event */
+    if (rc != 0)
+        lis_warn(l, "replay request from %llu failed: %s", (unsigned long long)from, zmq_strerror(-rc));
+    return rc;
+}
+
+/* Close the DEALER; the next request opens a fresh one, so late replies are never read. */
+static void cb_reset_dealer(void *ctx)
+{
+    struct listener *l = ctx;
+    sock_close(l->thr, &l->dealer);
+}
+
+const struct kvi_stream_ops kvi_lis__stream_ops = {
+    .apply = cb_apply,
+    .clear = cb_clear,
+    .request = cb_request,
+    .reset_dealer = cb_reset_dealer,
+};
+
+/* Stream events worth a log line, compared with what was logged last (owner thread). */
+#define NOTABLE(X) X(gaps) X(lost) X(restarts) X(gap_clears) X(replay_overruns) X(replay_fallbacks)
+
+static void log_stream(struct listener *l)
+{
+#define LOAD_N(f) uint64_t f = atomic_load_explicit(&l->ctr.f, memory_order_relaxed);
+    NOTABLE(LOAD_N)
+#undef LOAD_N
+    struct notable *o = &l->logged;
+    if (gaps == o->gaps && lost == o->lost && restarts == o->restarts && gap_clears == o->gap_clears &&
+        replay_overruns == o->replay_overruns && replay_fallbacks == o->replay_fallbacks)
+        return;
+    const struct kvi_wm *wm = &l->stream.wm;
+    if (restarts != o->restarts)
+        lis_warn(l, "publisher restart detected (seq went back to %llu): rank cleared",
+                 (unsigned long long)wm->l);
+    if (gaps != o->gaps && l->replay_ep == NULL)
+        lis_warn(l, "gap before seq %llu and no replay endpoint configured: batches lost%s",
+                 (unsigned long long)wm->l, gap_clears != o->gap_clears ? "; rank cleared" : "");
+    if (replay_overruns != o->replay_overruns)
+        lis_warn(l, "replay started past the requested seq (engine buffer overrun): batches lost");
+    if (replay_fallbacks != o->replay_fallbacks)
+        lis_warn(l, "replay given up%s; watermark now %llu", gap_clears != o->gap_clears ? ", rank cleared" : "",
+                 (unsigned long long)wm->w);
+#define STORE_N(f) o->f = f;
+    NOTABLE(STORE_N)
+#undef STORE_N
+}
+
+/* Keep the thread's list of replaying listeners (for deadlines) in step with the stream. */
+static void after_stream(struct listener *l)
+{
+    struct lis_thread *t = l->thr;
+    bool r = kvi_stream_replaying(&l->stream);
+    publish_wm(l);
+    if (l->warn_budget > 0)
+        log_stream(l);
+    if (r == l->replay_listed)
+        return;
+    atomic_store_explicit(&l->pub_replaying, r, memory_order_relaxed);
+    l->replay_listed = r;
+    if (r) {
+        if (t->n_replaying == t->cap_replaying) {
+            t->cap_replaying = t->cap_replaying ? t->cap_replaying * 2 : 16;
+            t->replaying = kvi_xrealloc(t->replaying, t->cap_replaying * sizeof *t->replaying);
+        }
+        t->replaying[t->n_replaying++] = l;
+    } else {
+        for (size_t i = 0; i < t->n_replaying; i++)
+            if (t->replaying[i] == l) {
+                t->replaying[i] = t->replaying[--t->n_replaying];
+                break;
+            }
+    }
+}
+
+/* ---- listener activation (thread side) ------------------------------------ */
+
+/* Close every socket of @p l and stop reading; the stream keeps its watermarks. */
+static void lis_stop(struct listener *l)
+{
+    struct lis_thread *t = l->thr;
+    l->draining = false;
+    sock_close(t, &l->sub);
+    sock_close(t, &l->dealer);
+    if (l->bind != NULL && l->subscribed) {
+        if (l->bind->sock.zs != NULL)
+            zmq_setsockopt(l->bind->sock.zs, ZMQ_UNSUBSCRIBE, l->topic, l->topic_len);
+        l->subscribed = false;
+    }
+    kvi_stream_abort(&l->stream);
+    after_stream(l);
+}
+
+static void lis_fail(struct listener *l, const char *what, int err)
+{
+    lis_stop(l);
+    set_state(l, KVI_LISTENER_FAILED, "%s: %s", what, zmq_strerror(err));
+    lis_warn(l, "%s: %s", what, zmq_strerror(err));
+}
+
+/* Open the sockets; drain them when the gate is open. Sets the state. */
+static void lis_start(struct listener *l)
+{
+    struct lis_thread *t = l->thr;
+    bool open = atomic_load_explicit(&l->lp->gate_open, memory_order_acquire);
+    if (l->mode == KVI_LISTEN_CONNECT) {
+        if (l->sub.zs == NULL) {
+            int rc = sock_open(t, &l->sub, ZMQ_SUB, SK_SUB, l);
+            if (rc == 0 && zmq_setsockopt(l->sub.zs, ZMQ_SUBSCRIBE, l->topic, l->topic_len) != 0)
+                rc = -errno;
+            if (rc == 0 && zmq_connect(l->sub.zs, l->endpoint) != 0)
+                rc = -errno;
+            if (rc != 0) {
+                char what[KVI_LISTEN_EP_MAX + 64];
+                snprintf(what, sizeof what, "failed to connect ZMQ SUB socket to %s", l->endpoint);
+                lis_fail(l, what, -rc);
+                return;
+            }
+        }
+        int rc = open ? sock_poll(t, &l->sub) : 0;
+        if (rc != 0) {
+            lis_fail(l, "epoll_ctl failed", -rc);
+            return;
+        }
+    } else {
+        struct bind_ep *b = l->bind;
+        int rc = bind_ensure(t, b);
+        if (rc != 0) {
+            char what[KVI_LISTEN_EP_MAX + 64];
+            snprintf(what, sizeof what, "failed to bind ZMQ SUB socket to %s", l->endpoint);
+            lis_fail(l, what, -rc);
+            return;
+        }
+        if (!l->subscribed) {
+            if (zmq_setsockopt(b->sock.zs, ZMQ_SUBSCRIBE, l->topic, l->topic_len) != 0) {
+                lis_fail(l, "ZMQ_SUBSCRIBE failed", errno);
+                return;
+            }
+            l->subscribed = true;
+        }
+    }
+    l->draining = open;
+    set_state(l, open ? KVI_LISTENER_ACTIVE : KVI_LISTENER_PENDING, NULL);
+}
+
+/* ---- message handling ----------------------------------------------------- */
+
+/*
+ * Receive one multipart message into t->fr (frames past the 5th are
+ * received into fr[4] and discarded). @return the frame count, 0 when
+ * nothing is queued, or -errno.
+ */
+static int recv_frames(struct lis_thread *t, void *zs)
+{
+    for (;;) {
+        if (zmq_msg_recv(&t->fr[0], zs, ZMQ_DONTWAIT) >= 0)
+            break;
+        if (errno == EAGAIN)
+            return 0;
+        if (errno != EINTR)
+            return -errno;
+    }
+    int n = 1;
+    while (zmq_msg_more(&t->fr[n < 5 ? n - 1 : 4])) {
+        zmq_msg_t *m = &t->fr[n < 5 ? n : 4];
+        if (zmq_msg_recv(m, zs, 0) < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        n++;
+    }
+    TCTR(t, messages, 1);
+    return n;
+}
+
+static void handle_live(struct listener *l, int nf, uint64_t now)
+{
+    struct lis_thread *t = l->thr;
+    if (nf != 3 || zmq_msg_size(&t->fr[1]) != 8) {
+        CTR(l, malformed, 1);
+        lis_warn(l, "malformed message dropped (%d frames, seq frame of %zu bytes)", nf,
+                 nf >= 2 ? zmq_msg_size(&t->fr[1]) : (size_t)0);
+        return;
+    }
+    uint64_t seq = be64_get(zmq_msg_data(&t->fr[1]));
+    if (seq == KVI_SEQ_SENTINEL) {
+        CTR(l, malformed, 1);
+        lis_warn(l, "live message with the sentinel seq dropped");
+        return;
+    }
+    CTR(l, messages, 1);
+    CTR(l, bytes, zmq_msg_size(&t->fr[2]));
+    kvi_stream_live(&l->stream, seq, &t->fr[2], now);
+    after_stream(l);
+}
+
+static void handle_reply(struct listener *l, int nf, uint64_t now)
+{
+    struct lis_thread *t = l->thr;
+    /* After the DEALER: ["", seq8, payload] or ["", topic, seq8, payload] (§7.2). */
+    zmq_msg_t *seqf = NULL, *pay = NULL;
+    if ((nf == 3 || nf == 4) && zmq_msg_size(&t->fr[0]) == 0) {
+        seqf = &t->fr[nf - 2];
+        pay = &t->fr[nf - 1];
+    }
+    if (seqf == NULL || zmq_msg_size(seqf) != 8) {
+        CTR(l, replay_malformed, 1);
+        lis_warn(l, "malformed replay reply ignored (%d frames)", nf);
+        return;
+    }
+    uint64_t seq = be64_get(zmq_msg_data(seqf));
+    if (seq == KVI_SEQ_SENTINEL) {
+        if (zmq_msg_size(pay) == 0) {
+            kvi_stream_sentinel(&l->stream, now);
+        } else {
+            CTR(l, replay_malformed, 1);
+            lis_warn(l, "replay reply with the sentinel seq and a payload ignored");
+        }
+    } else {
+        kvi_stream_reply(&l->stream, seq, pay, now);
+    }
+    after_stream(l);
+}
+
+/* Serve one ready socket. @return true when it may have more (budget used up). */
+static bool serve(struct lis_thread *t, struct lsock *s)
+{
+    uint32_t budget = t->lp->cfg.budget;
+    uint64_t now = kvi_now_ns();
+    for (uint32_t k = 0; k < budget; k++) {
+        if (s->zs == NULL)
+            return false;
+        int nf = recv_frames(t, s->zs);
+        if (nf == 0)
+            return false;
+        if (s->kind == SK_BIND) {
+            struct bind_ep *b = s->owner;
+            if (nf < 0) {
+                sock_close(t, s);
+                b->bound = false;
+                for (size_t i = 0; i < b->n; i++) {
+                    struct listener *m = b->members[i];
+                    lis_stop(m);
+                    set_state(m, KVI_LISTENER_FAILED, "ZMQ recv failed on %s: %s", b->endpoint,
+                              zmq_strerror(-nf));
+                }
+                return false;
+            }
+            struct listener *l = bind_match(b, zmq_msg_data(&t->fr[0]), zmq_msg_size(&t->fr[0]));
+            if (l == NULL || !l->draining)
+                TCTR(t, unknown_topic, 1);
+            else
+                handle_live(l, nf, now);
+            continue;
+        }
+        struct listener *l = s->owner;
+        if (nf < 0) {
+            char what[128];
+            snprintf(what, sizeof what, "ZMQ recv failed for worker %s", l->tgt_name);
+            lis_fail(l, what, -nf);
+            return false;
+        }
+        if (s->kind == SK_SUB)
+            handle_live(l, nf, now);
+        else
+            handle_reply(l, nf, now);
+    }
+    return true;
+}
+
+static void serve_ready(struct lis_thread *t)
+{
+    /*
+     * Serve a snapshot: serving may close sockets (unset_ready reorders the
+     * list) and open or ready others (those wait for the next turn). Sockets
+     * are embedded in listeners and bind endpoints, which only commands free,
+     * so every pointer in the snapshot stays valid here.
+     */
+    size_t n = t->n_ready;
+    if (n == 0)
+        return;
+    if (n > t->cap_snap) {
+        t->cap_snap = t->cap_ready;
+        t->snap = kvi_xrealloc(t->snap, t->cap_snap * sizeof *t->snap);
+    }
+    memcpy(t->snap, t->ready, n * sizeof *t->snap);
+    for (size_t i = 0; i < n; i++) {
+        struct lsock *s = t->snap[i];
+        if (s->ready && !serve(t, s))
+            unset_ready(t, s);
+    }
+}
+
+static int next_timeout_ms(struct lis_thread *t)
+{
+    if (t->n_ready > 0)
+        return 0;
+    if (t->n_replaying == 0)
+        return -1;
+    uint64_t now = kvi_now_ns(), first = UINT64_MAX;
+    for (size_t i = 0; i < t->n_replaying; i++)
+        first = KVI_MIN(first, t->replaying[i]->stream.deadline_ns);
+    if (first <= now)
+        return 0;
+    uint64_t ms = (first - now + 999999) / 1000000;
+    return ms > 60000 ? 60000 : (int)ms;
+}
+
+static void tick_replays(struct lis_thread *t)
+{
+    if (t->n_replaying == 0)
+        return;
+    uint64_t now = kvi_now_ns();
+    for (size_t i = 0; i < t->n_replaying;) {
+        struct listener *l = t->replaying[i];
+        if (kvi_stream_tick(&l->stream, now)) {
+            lis_warn(l, "replay from %s timed out without progress", l->replay_ep);
+            after_stream(l); /* removes l from the list */
+        } else {
+            i++;
+        }
+    }
+}
+
+/* ---- commands (thread side) ----------------------------------------------- */
+
+static void thr_add_listener(struct lis_thread *t, struct listener *l)
+{
+    if (t->n_ls == t->cap_ls) {
+        t->cap_ls = t->cap_ls ? t->cap_ls * 2 : 64;
+        t->ls = kvi_xrealloc(t->ls, t->cap_ls * sizeof *t->ls);
+    }
+    t->ls[t->n_ls++] = l;
+    atomic_store_explicit(&t->n_listeners, (uint32_t)t->n_ls, memory_order_relaxed);
+}
+
+static void thr_del_listener(struct lis_thread *t, struct listener *l)
+{
+    for (size_t i = 0; i < t->n_ls; i++)
+        if (t->ls[i] == l) {
+            t->ls[i] = t->ls[--t->n_ls];
+            break;
+        }
+    atomic_store_explicit(&t->n_listeners, (uint32_t)t->n_ls, memory_order_relaxed);
+}
+
+static void exec_add(struct lis_thread *t, struct listener *l)
+{
+    thr_add_listener(t, l);
+    if (l->mode == KVI_LISTEN_BIND) {
+        struct bind_ep *b = bind_find(t, l->endpoint);
+        if (b == NULL) {
+            b = kvi_xcalloc(1, sizeof *b);
+            b->endpoint = kvi_lis__strdup(l->endpoint);
+            b->next = t->binds;
+            t->binds = b;
+        }
+        if (b->n == b->cap) {
+            b->cap = b->cap ? b->cap * 2 : 8;
+            b->members = kvi_xrealloc(b->members, b->cap * sizeof *b->members);
+        }
+        b->members[b->n++] = l;
+        l->bind = b;
+    }
+    lis_start(l);
+}
+
+static void exec_remove(struct lis_thread *t, struct listener *l)
+{
+    lis_stop(l);
+    if (l->bind != NULL)
+        bind_remove_member(t, l->bind, l);
+    l->bind = NULL;
+    kvi_stream_fini(&l->stream);
+    after_stream(l);
+    thr_del_listener(t, l);
+    kvi_producer_flush(t->prod); /* every op pointing at l's sink is applied */
+}
+
+static void exec_gate(struct lis_thread *t)
+{
+    for (struct bind_ep *b = t->binds; b != NULL; b = b->next)
+        if (b->bound)
+            sock_poll(t, &b->sock);
+    for (size_t i = 0; i < t->n_ls; i++) {
+        struct listener *l = t->ls[i];
+        pthread_mutex_lock(&t->lp->mu);
+        bool pending = l->state == KVI_LISTENER_PENDING;
+        pthread_mutex_unlock(&t->lp->mu);
+        if (pending)
+            lis_start(l);
+    }
+}
+
+static void exec_cmd(struct lis_thread *t, struct cmd *c)
+{
+    switch (c->type) {
+    case CMD_ADD:
+        exec_add(t, c->l);
+        break;
+    case CMD_REMOVE:
+        exec_remove(t, c->l);
+        break;
+    case CMD_PAUSE:
+        lis_stop(c->l);
+        set_state(c->l, KVI_LISTENER_PAUSED, NULL);
+        break;
+    case CMD_RESUME:
+        lis_start(c->l);
+        break;
+    case CMD_GATE:
+        exec_gate(t);
+        break;
+    case CMD_STOP:
+        t->stop = true;
+        break;
+    }
+}
+
+static void run_commands(struct lis_thread *t)
+{
+    uint64_t v;
+    if (read(t->evfd, &v, sizeof v) < 0 && errno != EAGAIN)
+        kvi_die("eventfd read: %s", strerror(errno));
+    pthread_mutex_lock(&t->mu);
+    struct cmd *c = t->q_head;
+    t->q_head = t->q_tail = NULL;
+    pthread_mutex_unlock(&t->mu);
+    while (c != NULL) {
+        struct cmd *next = c->next;
+        exec_cmd(t, c);
+        pthread_mutex_lock(&t->mu);
+        c->done = true; /* the caller may free c as soon as it sees this */
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+        c = next;
+    }
+}
+
+/* Control side: queue a command and wait until the thread has run it. */
+void kvi_lis__call(struct lis_thread *t, uint8_t type, struct listener *l)
+{
+    struct cmd c = {.type = type, .l = l};
+    pthread_mutex_lock(&t->mu);
+    if (t->q_tail != NULL)
+        t->q_tail->next = &c;
+    else
+        t->q_head = &c;
+    t->q_tail = &c;
+    pthread_mutex_unlock(&t->mu);
+    uint64_t one = 1;
+    if (write(t->evfd, &one, sizeof one) != sizeof one)
+        kvi_die("eventfd write: %s", strerror(errno));
+    pthread_mutex_lock(&t->mu);
+    while (!c.done)
+        pthread_cond_wait(&t->cv, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- the thread ----------------------------------------------------------- */
+
+static void *thread_main(void *arg)
+{
+    struct lis_thread *t = arg;
+    char name[16];
+    snprintf(name, sizeof name, "kvi-listen-%u", t->idx);
+    pthread_setname_np(pthread_self(), name);
+    int rc = 0;
+    t->prod = kvi_producer_create(t->lp->writers);
+    if (t->prod == NULL)
+        rc = -errno;
+    if (rc == 0 && (t->dec = kvi_decoder_create()) == NULL)
+        rc = -ENOMEM;
+    pthread_mutex_lock(&t->mu);
+    t->start_rc = rc;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    if (rc != 0) {
+        if (t->prod != NULL)
+            kvi_producer_destroy(t->prod);
+        return NULL;
+    }
+    for (int i = 0; i < 5; i++)
+        zmq_msg_init(&t->fr[i]);
+    bool timing = t->lp->cfg.timing;
+    struct epoll_event evs[MAX_EVENTS];
+    while (!t->stop) {
+        int n = epoll_wait(t->epfd, evs, MAX_EVENTS, next_timeout_ms(t));
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            kvi_die("epoll_wait: %s", strerror(errno));
+        }
+        uint64_t t0 = timing ? kvi_now_ns() : 0;
+        TCTR(t, wakeups, 1);
+        bool cmds = false;
+        for (int i = 0; i < n; i++) {
+            struct lsock *s = evs[i].data.ptr;
+            if (s->kind == SK_CMD)
+                cmds = true;
+            else
+                set_ready(t, s);
+        }
+        serve_ready(t);
+        tick_replays(t);
+        if (cmds)
+            run_commands(t);
+        if (timing)
+            TCTR(t, busy_ns, kvi_now_ns() - t0);
+    }
+    for (int i = 0; i < 5; i++)
+        zmq_msg_close(&t->fr[i]);
+    kvi_decoder_destroy(t->dec);
+    kvi_producer_destroy(t->prod);
+    return NULL;
+}
+
+void kvi_lis__thread_cleanup(struct lis_thread *t)
+{
+    free(t->ls);
+    free(t->ready);
+    free(t->snap);
+    free(t->replaying);
+    if (t->epfd >= 0)
+        close(t->epfd);
+    if (t->evfd >= 0)
+        close(t->evfd);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+}
+
+int kvi_lis__thread_start(struct kvi_listeners *lp, struct lis_thread *t, uint32_t idx)
+{
+    t->lp = lp;
+    t->idx = idx;
+    t->epfd = t->evfd = -1;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    t->epfd = epoll_create1(EPOLL_CLOEXEC);
+    t->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->epfd < 0 || t->evfd < 0)
+        return -errno;
+    t->cmd_sock = (struct lsock){.fd = t->evfd, .kind = SK_CMD};
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &t->cmd_sock};
+    if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->evfd, &ev) != 0)
+        return -errno;
+    t->start_rc = 1;
+    int rc = pthread_create(&t->tid, NULL, thread_main, t);
+    if (rc != 0)
+        return -rc;
+    pthread_mutex_lock(&t->mu);
+    while (t->start_rc == 1)
+        pthread_cond_wait(&t->cv, &t->mu);
+    rc = t->start_rc;
+    pthread_mutex_unlock(&t->mu);
+    if (rc != 0)
+        pthread_join(t->tid, NULL);
+    return rc;
+}
+

@@ -1,0 +1,179 @@
+/*
+ * Listener internals shared by net/listener.c (listener threads: sockets,
+ * message handling, commands) and net/listener_registry.c (the pool and its
+ * registry: control calls and inspection). Not installed; see
+ * net/listener.h for the public API and net/listener.c for the design.
+ */
+#ifndef KVI_NET_LISTENER_INTERNAL_H
+#define KVI_NET_LISTENER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "net/decode.h"
+#include "net/ingest.h"
+#include "net/listener.h"
+#include "net/replay.h"
+
+#define KVI_LIS_WARN_BUDGET 20  /* warnings a listener prints before going quiet */
+#define KVI_LIS_MAX_RANKS 8     /* batch ranks remembered per listener (cleared with it on restart) */
+
+enum sock_kind { SK_CMD, SK_SUB, SK_BIND, SK_DEALER };
+
+/* A ZMQ socket in a thread's epoll set. Embedded in its owner, never freed alone. */
+struct lsock {
+    void *zs;      /* NULL when closed */
+    int fd;        /* ZMQ_FD */
+    uint8_t kind;  /* enum sock_kind */
+    bool ready;    /* on the thread's ready list */
+    bool polled;   /* in the epoll set */
+    void *owner;   /* struct listener (SUB, DEALER), struct bind_ep (BIND) */
+};
+
+struct lis_thread;
+struct bind_ep;
+
+struct listener {
+    /* identity and settings: immutable after registration */
+    struct kvi_index *ix;
+    uint64_t instance_id;
+    char *instance_name;
+    uint32_t instance;
+    uint32_t dp_rank;
+    char *endpoint, *replay_ep, *topic;
+    size_t topic_len;
+    uint8_t mode, policy;
+    struct lis_thread *thr;
+    struct kvi_listeners *lp;
+    struct listener *next; /* registry list: pool->mu */
+
+    /* pool->mu */
+    uint8_t state;
+    char last_error[KVI_LISTEN_ERR_MAX];
+
+    /* owner thread */
+    struct lsock sub, dealer;
+    struct bind_ep *bind;
+    bool draining;       /* messages are read and handled */
+    bool subscribed;     /* bind mode: topic subscribed on the shared socket */
+    bool replay_listed;  /* on the thread's replaying list */
+    uint32_t warn_budget;
+    uint32_t n_ranks;
+    uint32_t ranks[KVI_LIS_MAX_RANKS]; /* batch ranks other than dp_rank seen since the last reset */
+    struct kvi_stream stream;
+    struct notable {
+        uint64_t gaps, lost, restarts, gap_clears, replay_overruns, replay_fallbacks;
+    } logged;
+    struct kvi_ingest_target tgt;
+    char tgt_name[96];
+
+    /* counters and published state: written by the owner thread (and writers: sink) */
+    struct kvi_stream_ctr ctr;
+    struct kvi_ingest_counters ictr;
+    struct kvi_op_sink sink;
+    _Atomic uint64_t pub_w1;     /* W + 1, 0 = unset */
+    _Atomic uint64_t pub_l1;     /* L + 1, 0 = unset */
+    _Atomic bool pub_replaying;
+};
+
+/* A bound SUB shared by the bind-mode registrations of one endpoint (thread-owned). */
+struct bind_ep {
+    char *endpoint;
+    struct lsock sock;
+    bool bound;
+    struct listener **members;
+    size_t n, cap;
+    struct listener *last_hit;
+    struct bind_ep *next;
+};
+
+/* Control-side record of a bind endpoint (pool->mu). */
+struct bind_reg {
+    char *endpoint;
+    struct lis_thread *thr;
+    uint32_t refs;
+    struct bind_reg *next;
+};
+
+enum cmd_type { CMD_ADD, CMD_REMOVE, CMD_PAUSE, CMD_RESUME, CMD_GATE, CMD_STOP };
+
+struct cmd {
+    uint8_t type;
+    bool done;
+    struct listener *l;
+    struct cmd *next;
+};
+
+struct lis_thread {
+    struct kvi_listeners *lp;
+    uint32_t idx;
+    pthread_t tid;
+    int epfd, evfd;
+    struct lsock cmd_sock;
+
+    /* t->mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct cmd *q_head, *q_tail;
+    int start_rc; /* 1 while starting, then 0 or -errno */
+
+    /* pool->mu */
+    uint32_t load;
+
+    /* owner thread */
+    struct kvi_producer *prod;
+    struct kvi_decoder *dec;
+    bool stop;
+    struct listener **ls;
+    size_t n_ls, cap_ls;
+    struct lsock **ready;
+    size_t n_ready, cap_ready;
+    struct lsock **snap; /* serve_ready's copy of the ready list */
+    size_t cap_snap;
+    struct listener **replaying;
+    size_t n_replaying, cap_replaying;
+    struct bind_ep *binds;
+    zmq_msg_t fr[5];
+
+    /* counters: owner thread writes */
+    _Atomic uint64_t wakeups, messages, decode_ns, ingest_ns, busy_ns, unknown_topic;
+    _Atomic uint32_t n_listeners, n_sockets;
+};
+
+struct kvi_listeners {
+    struct kvi_writer_pool *writers;
+    void *zctx;
+    bool own_zctx;
+    struct kvi_listeners_config cfg;
+    _Atomic bool gate_open;
+    pthread_mutex_t ctl; /* one control call at a time */
+    pthread_mutex_t mu;  /* registry */
+    struct listener *list;
+    uint32_t n_list;
+    struct bind_reg *binds;
+    struct kvi_listener_counters departed;
+    uint64_t departed_unknown_topic;
+    uint32_t n_threads;
+    struct lis_thread *thr;
+};
+
+/* ---- shared between the two files ----------------------------------------- */
+
+/** The callbacks a listener's stream uses (listener.c). */
+extern const struct kvi_stream_ops kvi_lis__stream_ops;
+
+/** Start listener thread @p idx of @p lp and wait until it is ready. @return 0 or -errno. */
+int kvi_lis__thread_start(struct kvi_listeners *lp, struct lis_thread *t, uint32_t idx);
+
+/** Free what kvi_lis__thread_start set up (after the thread exited or failed to start). */
+void kvi_lis__thread_cleanup(struct lis_thread *t);
+
+/** Queue a command on thread @p t and wait until it ran (control side). */
+void kvi_lis__call(struct lis_thread *t, uint8_t type, struct listener *l);
+
+/** strdup that aborts on out-of-memory (control plane). */
+char *kvi_lis__strdup(const char *s);
+
+#endif

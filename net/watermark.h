@@ -1,0 +1,99 @@
+/*
+ * Gap detection for one (instance, dp_rank) event stream: the kvidx rule of
+ * wire-protocol.md §6.3, as a pure function so that every row of its table is
+ * unit-testable (tests/net/watermark_test.c).
+ *
+ * Two numbers per stream:
+ *   W  the applied watermark: the seq of the last batch applied (live or
+ *      replayed); unset until the first batch is applied;
+ *   L  the last seq seen on the live SUB; unset until the first live batch.
+ * Live order on one PUB->SUB connection is strictly increasing, so a live
+ * seq s <= L can only mean that the publisher restarted (its counter starts
+ * at 0 with every process).
+ *
+ *   | live seq s                   | verdict                                 |
+ *   |------------------------------|-----------------------------------------|
+ *   | L set, s <= L                | restart: W, L reset, then as "W unset"  |
+ *   | W unset, s = 0               | APPLY                                   |
+ *   | W unset, s > 0               | joined mid-stream: REPLAY from 0, or    |
+ *   |                              | LOSS without a replay endpoint          |
+ *   | W set, s <= W                | STALE (already covered by a replay)     |
+ *   | W set, s = W + 1             | APPLY                                   |
+ *   | W set, s > W + 1             | gap: REPLAY from W + 1, or, without a   |
+ *   |                              | replay endpoint, LOSS (policy apply) or |
+ *   |                              | LOSS_CLEAR (policy clear)               |
+ *
+ * L := s after every verdict. W moves only through kvi_wm_applied, so a batch
+ * that fails to decode leaves it where it was (§2.2).
+ *
+ * Joining mid-stream never asks for a clear, even under the clear policy:
+ * nothing of this stream has been applied yet (or it was just cleared by a
+ * restart), and a clear would throw away blocks recovered from a peer.
+ *
+ * Thread-safety: a struct kvi_wm belongs to one thread (its listener thread).
+ * The functions are pure apart from updating the struct passed in.
+ */
+#ifndef KVI_NET_WATERMARK_H
+#define KVI_NET_WATERMARK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/** Seq of the replay end sentinel (ff x 8); never a valid live seq. */
+#define KVI_SEQ_SENTINEL UINT64_MAX
+
+/** What to do on a gap when no replay endpoint is configured (§6.3). */
+enum kvi_gap_policy {
+    KVI_GAP_APPLY = 0, /* accept the loss and apply (Dynamo-compatible default) */
+    KVI_GAP_CLEAR = 1, /* clear the (instance, rank) state and restart from s */
+};
+
+/** Watermarks of one stream. Zero-initialised = both unset. */
+struct kvi_wm {
+    uint64_t w;  /* applied watermark, valid when w_set */
+    uint64_t l;  /* last live seq, valid when l_set */
+    bool w_set;
+    bool l_set;
+};
+
+enum kvi_wm_act {
+    KVI_WM_APPLY = 0,   /* apply s (first batch of a fresh publisher, or contiguous) */
+    KVI_WM_STALE,       /* skip s: already applied */
+    KVI_WM_REPLAY,      /* gap: replay from .from, then apply s or skip it */
+    KVI_WM_LOSS,        /* gap, no replay: .lost batches are gone; apply s */
+    KVI_WM_LOSS_CLEAR,  /* gap, no replay, clear policy: clear the rank, then apply s */
+};
+
+/** Verdict on one live seq. */
+struct kvi_wm_verdict {
+    uint8_t act;    /* enum kvi_wm_act */
+    bool restart;   /* the publisher restarted: clear the rank first (W and L were reset) */
+    uint64_t from;  /* REPLAY: first seq to request (W + 1, or 0) */
+    uint64_t lost;  /* REPLAY and LOSS*: seqs missing before s (s - from) */
+};
+
+/** Reset both watermarks to unset (registration, unregistration). */
+void kvi_wm_reset(struct kvi_wm *wm);
+
+/**
+ * Classify live seq @p s and set L := s (pure apart from @p wm).
+ * @param can_replay  a replay endpoint is configured
+ * @param policy      what a gap does without replay
+ * @return the verdict; W is never changed except by a restart's reset.
+ */
+struct kvi_wm_verdict kvi_wm_live(struct kvi_wm *wm, uint64_t s, bool can_replay, enum kvi_gap_policy policy);
+
+/** The next seq the stream expects: W + 1, or 0 while W is unset. */
+static inline uint64_t kvi_wm_next(const struct kvi_wm *wm)
+{
+    return wm->w_set ? wm->w + 1 : 0;
+}
+
+/** Record that batch @p s was applied: W := s. */
+static inline void kvi_wm_applied(struct kvi_wm *wm, uint64_t s)
+{
+    wm->w = s;
+    wm->w_set = true;
+}
+
+#endif

@@ -1,0 +1,334 @@
+/* ctest-labels: integration tsan */
+/*
+ * Listeners end to end, modes and control plane: garbage frames among good
+ * batches, engine-connects mode (kvidx binds, the topic identifies the
+ * engine), pause / resume, unregister then register again, registration
+ * errors and failed listeners, and a gated pool (pending until the gate
+ * opens). Real publishers over loopback TCP and ipc, real writers and index
+ * (listener_fixture.h); waits are bounded polls.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+
+#include "tests/net/listener_fixture.h"
+
+/* Send one raw multipart message. */
+static void raw(struct kvidx_pub *p, size_t n, const void *const *fr, const size_t *sz)
+{
+    assert_int_equal(kvidx_pub_send_raw(p, fr, sz, n), 0);
+}
+
+/*
+ * Malformed messages (wrong frame counts, a 7-byte seq, the sentinel seq)
+ * are dropped and counted without touching the watermark; an undecodable
+ * payload with a real seq is dropped and counted and shows up as a gap.
+ * The good batches around them end up exactly as published.
+ */
+static void test_garbage_between_good_batches(void **state)
+{
+    (void)state;
+    for (int with_replay = 0; with_replay <= 1; with_replay++) {
+        struct lfx f;
+        lfx_init(&f, NULL);
+        struct kvidx_pub *p = lfx_pub(NULL, with_replay, NULL);
+        lfx_register(&f, 1, p, with_replay, KVI_GAP_APPLY);
+        uint64_t base = lfx_sync(&f, p, 1);
+
+        static const uint8_t seq7[7] = {0}, ffff[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+        pub_chain(p, 0, 0, 2);                       /* 0, 1 */
+        raw(p, 2, (const void *[]){"", "x"}, (size_t[]){0, 1});
+        pub_chain(p, 0, 2, 3);                       /* 2 */
+        raw(p, 4, (const void *[]){"", ffff, "a", "b"}, (size_t[]){0, 8, 1, 1});
+        raw(p, 3, (const void *[]){"", seq7, "\x93"}, (size_t[]){0, 7, 1});
+        raw(p, 3, (const void *[]){"", ffff, "\x90"}, (size_t[]){0, 8, 1});
+        pub_store(p, 0, 3, 4);
+        pub_remove(p, 0, 1, 2);                      /* 3: store block 3, then remove 1 (and 2, 3) */
+        pub_flush(p);
+        pub_chain(p, 1, 0, 2);                       /* 4, 5 */
+        uint64_t s;
+        assert_int_equal(kvidx_pub_publish_payload(p, "\xc1garbage", 8, &s), 0); /* 6: not msgpack */
+        assert_int_equal(s, 6);
+        uint64_t last = pub_chain(p, 1, 2, 4);       /* 7, 8 */
+        lfx_settle(&f, 1, last);
+
+        struct kvi_listener_info in = lfx_info(&f, 1);
+        assert_int_equal(in.ctr.malformed - base, 4);
+        assert_int_equal(in.ctr.decode_errors, 1);
+        assert_int_equal(in.ctr.gaps, 1);            /* 7 arrived with W = 5 */
+        if (with_replay) {
+            assert_int_equal(in.ctr.replay_undecodable, 1);
+            assert_int_equal(in.ctr.lost, 0);
+        } else {
+            assert_int_equal(in.ctr.lost, 1);
+        }
+        assert_int_equal(in.ctr.batches, 8);         /* every good batch, once */
+        assert_int_equal(lfx_depth(&f, 1, 0, 4), 1); /* block 0 only: 1 was removed with its descendants */
+        assert_int_equal(lfx_depth(&f, 1, 1, 4), 4);
+        assert_int_equal(in.ctr.restarts, 0);
+        kvidx_pub_destroy(p);
+        lfx_fini(&f);
+    }
+}
+
+static struct kvidx_pub *connecting_pub(const char *ep, const char *topic, bool replay)
+{
+    struct kvidx_pub_config pc;
+    kvidx_pub_config_init(&pc);
+    pc.endpoint = ep;
+    pc.socket_mode = KVIDX_PUB_SOCKET_CONNECT;
+    pc.topic = topic;
+    pc.replay_endpoint = replay ? "tcp://127.0.0.1:*" : NULL;
+    struct kvidx_pub *p = kvidx_pub_create(&pc);
+    assert_non_null(p);
+    return p;
+}
+
+static void register_bind(struct lfx *f, uint64_t id, const char *ep, const char *topic, const char *replay)
+{
+    struct kvi_listener_spec s = {
+        .ix = f->ix, .instance_id = id, .endpoint = ep, .topic = topic, .replay_endpoint = replay,
+        .mode = KVI_LISTEN_BIND,
+    };
+    assert_int_equal(kvi_listeners_register(f->lp, &s), 0);
+}
+
+/* Engine-connects mode: one bound SUB, two engines told apart by topic, plus replay for one of them. */
+static void test_engine_connects_mode(void **state)
+{
+    (void)state;
+    struct lfx f;
+    lfx_init(&f, NULL);
+    char ep[128];
+    lfx_ipc(&f, ep, sizeof ep);
+    struct kvidx_pub *a = connecting_pub(ep, "kv@pod-1@llama", true);
+    struct kvidx_pub *b = connecting_pub(ep, "kv@pod-10@llama", false);
+    struct kvidx_pub *c = connecting_pub(ep, "kv@pod-7@llama", false);  /* never registered */
+    register_bind(&f, 1, ep, "kv@pod-1@", kvidx_pub_replay_endpoint(a));
+    register_bind(&f, 10, ep, "kv@pod-10@", NULL);
+
+    /* the same topic twice on one bind endpoint is a conflict */
+    struct kvi_listener_spec dup = {.ix = f.ix, .instance_id = 11, .endpoint = ep, .topic = "kv@pod-10@",
+                                    .mode = KVI_LISTEN_BIND};
+    assert_int_equal(kvi_listeners_register(f.lp, &dup), -EEXIST);
+
+    struct kvi_listener_info ia = lfx_info(&f, 1), ib = lfx_info(&f, 10);
+    assert_int_equal(ia.state, KVI_LISTENER_ACTIVE);
+    assert_int_equal(ia.thread, ib.thread); /* one socket, one thread */
+    lfx_sync_topic(&f, a, 1, "kv@pod-1@llama");
+    lfx_sync_topic(&f, b, 10, "kv@pod-10@llama");
+
+    pub_chain(a, 0, 0, 3);
+    kvidx_pub_skip_live(a, 2);
+    pub_chain(a, 0, 3, 5);
+    uint64_t la = pub_chain(a, 0, 5, 6);   /* gap 3, 4: replayed */
+    uint64_t lb = pub_chain(b, 1, 0, 4);
+    pub_chain(c, 2, 0, 2);
+    lfx_settle(&f, 1, la);
+    lfx_settle(&f, 10, lb);
+
+    assert_int_equal(lfx_depth(&f, 1, 0, 6), 6);
+    assert_int_equal(lfx_depth(&f, 1, 1, 4), 0);
+    assert_int_equal(lfx_depth(&f, 10, 1, 4), 4);
+    assert_int_equal(lfx_depth(&f, 10, 0, 6), 0);
+    assert_int_equal(lfx_info(&f, 1).ctr.replayed, 2);
+    assert_int_equal(lfx_info(&f, 10).ctr.batches, 4);
+
+    /* unregistering one engine keeps the shared socket for the other */
+    struct kvi_listener_key k1 = lfx_key(&f, 1, 0);
+    assert_int_equal(kvi_listeners_unregister(f.lp, &k1), 0);
+    uint64_t lb2 = pub_chain(b, 1, 4, 5);
+    lfx_settle(&f, 10, lb2);
+    assert_int_equal(lfx_depth(&f, 10, 1, 5), 5);
+
+    kvidx_pub_destroy(a);
+    kvidx_pub_destroy(b);
+    kvidx_pub_destroy(c);
+    lfx_fini(&f);
+    unlink(ep + strlen("ipc://")); /* libzmq leaves the socket file behind */
+}
+
+/* Pause closes the sockets and keeps the watermark; resume continues and replays what was missed. */
+static void test_pause_resume(void **state)
+{
+    (void)state;
+    struct lfx f;
+    lfx_init(&f, NULL);
+    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
+    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
+    lfx_sync(&f, p, 1);
+    struct kvi_listener_key k = lfx_key(&f, 1, 0);
+
+    uint64_t last = pub_chain(p, 0, 0, 3);
+    lfx_settle(&f, 1, last);
+    assert_int_equal(kvi_listeners_resume(f.lp, &k), -EBUSY); /* active: not resumable */
+    assert_int_equal(kvi_listeners_pause(f.lp, &k), 0);
+    assert_int_equal(kvi_listeners_pause(f.lp, &k), -EBUSY);  /* paused: not pausable */
+    struct kvi_listener_info in = lfx_info(&f, 1);
+    assert_int_equal(in.state, KVI_LISTENER_PAUSED);
+    assert_true(in.watermark_set);
+    assert_int_equal(in.watermark, 2);
+
+    pub_chain(p, 0, 3, 6);                   /* 3..5 published while paused: lost to kvidx */
+    assert_int_equal(lfx_info(&f, 1).ctr.batches, 3);
+    assert_int_equal(kvi_listeners_resume(f.lp, &k), 0);
+    in = lfx_info(&f, 1);
+    assert_int_equal(in.state, KVI_LISTENER_ACTIVE);
+    assert_int_equal(in.watermark, 2);       /* kept across pause / resume */
+    lfx_sync(&f, p, 1);
+    last = pub_chain(p, 0, 6, 7);            /* 6 shows the gap */
+    lfx_settle(&f, 1, last);
+    in = lfx_info(&f, 1);
+    assert_int_equal(in.ctr.gaps, 1);
+    assert_int_equal(in.ctr.replayed, 3);
+    assert_int_equal(lfx_depth(&f, 1, 0, 7), 7);
+
+    struct kvi_listener_key missing = lfx_key(&f, 99, 0);
+    assert_int_equal(kvi_listeners_pause(f.lp, &missing), -ENOENT);
+    assert_int_equal(kvi_listeners_resume(f.lp, &missing), -ENOENT);
+    kvidx_pub_destroy(p);
+    lfx_fini(&f);
+}
+
+/* Unregister deletes the watermark: the same key registered again starts fresh (replays from 0). */
+static void test_unregister_then_register_fresh(void **state)
+{
+    (void)state;
+    struct lfx f;
+    lfx_init(&f, NULL);
+    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
+    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
+    lfx_sync(&f, p, 1);
+    struct kvi_listener_key k = lfx_key(&f, 1, 0);
+    uint64_t last = pub_chain(p, 0, 0, 4);
+    lfx_settle(&f, 1, last);
+
+    struct kvi_listener_spec again = {.ix = f.ix, .instance_id = 1, .endpoint = kvidx_pub_endpoint(p)};
+    assert_int_equal(kvi_listeners_register(f.lp, &again), -EEXIST);
+    assert_int_equal(kvi_listeners_unregister(f.lp, &k), 0);
+    assert_int_equal(kvi_listeners_unregister(f.lp, &k), -ENOENT);
+    struct kvi_listener_info in;
+    assert_int_equal(kvi_listeners_get(f.lp, &k, &in), -ENOENT);
+    struct kvi_listener_totals tot;
+    kvi_listeners_totals(f.lp, &tot);
+    assert_int_equal(tot.listeners, 0);
+    assert_int_equal(tot.ctr.batches, 4); /* departed counters stay in the totals */
+
+    pub_chain(p, 0, 4, 6);                 /* 4, 5 while unregistered */
+    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
+    in = lfx_info(&f, 1);
+    assert_false(in.watermark_set);
+    assert_false(in.last_live_set);
+    assert_int_equal(in.ctr.batches, 0);
+    lfx_sync(&f, p, 1);
+    last = pub_chain(p, 0, 6, 7);          /* 6: a fresh cursor sees s > 0 and replays from 0 */
+    lfx_settle(&f, 1, last);
+    in = lfx_info(&f, 1);
+    assert_int_equal(in.ctr.replays, 1);
+    assert_int_equal(in.ctr.replayed, 6);
+    assert_int_equal(in.ctr.restarts, 0);
+    assert_int_equal(lfx_depth(&f, 1, 0, 7), 7);
+    kvidx_pub_destroy(p);
+    lfx_fini(&f);
+}
+
+/* Validation errors, bind failures (failed state, last_error, resume retries), and a gated pool. */
+static void test_errors_and_gate(void **state)
+{
+    (void)state;
+    struct kvi_listeners_config cfg = {.gated = true, .threads = 1};
+    struct lfx f;
+    lfx_init(&f, &cfg);
+
+    struct kvi_listener_spec bad = {.ix = f.ix, .instance_id = 5, .endpoint = "tcp://host"};
+    char err[256];
+    assert_int_equal(kvi_listeners_validate(&bad, err, sizeof err), -EINVAL);
+    assert_true(strlen(err) > 0);
+    assert_int_equal(kvi_listeners_register(f.lp, &bad), -EINVAL);
+    bad.endpoint = "tcp://127.0.0.1:5557";
+    bad.replay_endpoint = "udp://x:1";
+    assert_int_equal(kvi_listeners_register(f.lp, &bad), -EINVAL);
+    bad.replay_endpoint = NULL;
+    bad.block_size = BS + 1;
+    assert_int_equal(kvi_listeners_register(f.lp, &bad), -EINVAL);
+
+    /* bind failure: an address the engine side already holds */
+    struct kvidx_pub *holder = lfx_pub(NULL, false, NULL);
+    char held[128];
+    snprintf(held, sizeof held, "%s", kvidx_pub_endpoint(holder));
+    struct kvi_listener_spec s = {.ix = f.ix, .instance_id = 6, .endpoint = held, .mode = KVI_LISTEN_BIND};
+    assert_int_equal(kvi_listeners_register(f.lp, &s), 0);
+    struct kvi_listener_info in = lfx_info(&f, 6);
+    assert_int_equal(in.state, KVI_LISTENER_FAILED);
+    assert_non_null(strstr(in.last_error, "failed to bind"));
+    struct kvi_listener_key k6 = lfx_key(&f, 6, 0);
+    assert_int_equal(kvi_listeners_pause(f.lp, &k6), -EBUSY);
+    kvidx_pub_destroy(holder); /* the address is free now: resume binds it */
+    assert_int_equal(kvi_listeners_resume(f.lp, &k6), 0);
+    in = lfx_info(&f, 6);
+    assert_int_equal(in.state, KVI_LISTENER_PENDING); /* gate still closed */
+    assert_string_equal(in.last_error, "");
+
+    /* gated: connected and buffering, not drained until the gate opens */
+    struct kvidx_pub *p = lfx_pub(NULL, false, NULL);
+    lfx_register(&f, 1, p, false, KVI_GAP_APPLY);
+    assert_int_equal(lfx_info(&f, 1).state, KVI_LISTENER_PENDING);
+    struct kvi_listener_totals tot;
+    kvi_listeners_totals(f.lp, &tot);
+    assert_int_equal(tot.by_state[KVI_LISTENER_PENDING], 2);
+    assert_int_equal(tot.listeners, 2);
+    kvi_listeners_open_gate(f.lp);
+    assert_int_equal(lfx_info(&f, 1).state, KVI_LISTENER_ACTIVE);
+    assert_int_equal(lfx_info(&f, 6).state, KVI_LISTENER_ACTIVE);
+    lfx_sync(&f, p, 1);
+    uint64_t last = pub_chain(p, 0, 0, 2);
+    lfx_settle(&f, 1, last);
+    assert_int_equal(lfx_depth(&f, 1, 0, 2), 2);
+
+    kvidx_pub_destroy(p);
+    lfx_fini(&f);
+}
+
+/* A pending listener buffers: batches published before the gate opens are applied after it. */
+static void test_gate_drains_buffered(void **state)
+{
+    (void)state;
+    struct kvi_listeners_config cfg = {.gated = true};
+    struct lfx f;
+    lfx_init(&f, &cfg);
+    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
+    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
+    /* The SUB is connected but nobody reads it. Batches 0..4 either reach its
+     * buffer (and are applied when the gate opens) or are lost to the slow
+     * joiner (then batch 5 triggers a replay from 0): all end up applied. */
+    uint64_t last = pub_chain(p, 0, 0, 5);
+    assert_int_equal(lfx_info(&f, 1).ctr.messages, 0);
+    kvi_listeners_open_gate(f.lp);
+    lfx_sync(&f, p, 1);
+    last = pub_chain(p, 0, 5, 6);
+    lfx_settle(&f, 1, last);
+    assert_int_equal(lfx_depth(&f, 1, 0, 6), 6);
+    assert_int_equal(lfx_info(&f, 1).ctr.lost, 0);
+    kvidx_pub_destroy(p);
+    lfx_fini(&f);
+}
+
+int main(void)
+{
+    kvi_rcu_register_thread();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_garbage_between_good_batches),
+        cmocka_unit_test(test_engine_connects_mode),
+        cmocka_unit_test(test_pause_resume),
+        cmocka_unit_test(test_unregister_then_register_fresh),
+        cmocka_unit_test(test_errors_and_gate),
+        cmocka_unit_test(test_gate_drains_buffered),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    kvi_rcu_unregister_thread();
+    return rc;
+}
