@@ -13,6 +13,10 @@ PKGS=(
   python3 python3-xxhash python3-msgpack
   gnuplot-nox
 )
+# `ci/deps.sh profile` also installs the profiling tools (perf/profile.sh).
+if [ "${1:-}" = "profile" ]; then
+  PKGS+=(linux-perf valgrind)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
