@@ -1,0 +1,480 @@
+/*
+ * kvidxd: the kvidx daemon. Dynamo standalone-indexer command line
+ * (http-api.md §1.1) plus kvidx's own flags; both HTTP dialects on one port.
+ *
+ * DESIGN
+ *   main parses the command line, blocks SIGTERM / SIGINT (every thread
+ *   inherits the mask), creates the service (writer and listener pools),
+ *   binds and starts HTTP first (newer Dynamo order: /health answers at once,
+ *   /ready reports progress), then starts the service's control thread,
+ *   which registers --workers, runs P2P recovery and opens the ready gate.
+ *   main then waits in sigwait(). On a signal: the service is told to stop
+ *   (recovery is cut short), HTTP stops accepting and lets in-flight requests
+ *   finish (1.5 s grace), the control thread completes what is queued, the
+ *   pools are torn down, and the process exits 0 (within 2 s).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+#include "api/routes_common.h"
+#include "api/service.h"
+#include "engine/common.h"
+#include "net/endpoint.h"
+#include "net/http_server.h"
+#include "net/log.h"
+
+#if defined(__SANITIZE_THREAD__)
+/*
+ * libzmq is not built with TSan: its I/O threads hand messages over with
+ * atomics TSan cannot see. Ignore reports from inside it; kvidx's own
+ * hand-overs (commands, rings, counters, RCU) stay checked.
+ */
+const char *__tsan_default_suppressions(void);
+const char *__tsan_default_suppressions(void)
+{
+    return "called_from_lib:libzmq.so\n";
+}
+#endif
+
+#define KVIDXD_VERSION "0.1.0"
+#define DEFAULT_PORT 8090
+#define DEFAULT_HTTP_THREADS 2
+#define MAX_WORKERS 4096
+#define MAX_PEERS 64
+
+struct opts {
+    const char *host;
+    long port;
+    long writer_threads;
+    long http_threads;
+    long listener_threads;
+    long block_size;
+    const char *workers;
+    const char *model_name;
+    const char *tenant_id;
+    const char *peers;
+    long body_limit;
+    long query_body_limit;
+    const char *tls_cert;
+    const char *tls_key;
+    const char *admin_token;
+    const char *log_level;
+    const char *api;
+    long recovery_delay_ms;
+    long recovery_timeout_ms;
+    long idle_timeout_ms;
+    long max_connections;
+    const char *port_file;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvidxd [options]\n"
+            "\n"
+            "kvidx KV-cache indexer daemon: subscribes to engines' ZMQ KV events and answers\n"
+            "prefix-match queries over HTTP/1.1 and HTTP/2 in the Dynamo standalone-indexer and\n"
+            "Mooncake Conductor dialects.\n"
+            "\n"
+            "Dynamo-compatible options:\n"
+            "  --port N               HTTP port (default 8090; 0 = ephemeral, see --port-file)\n"
+            "  --threads N            indexer threads = writer threads, one index partition each\n"
+            "                         (default 4; 1 = single-threaded indexer)\n"
+            "  --block-size N         block size of the --workers entries (required with --workers)\n"
+            "  --workers LIST         initial workers: instance_id[:dp_rank]=zmq_endpoint,...\n"
+            "                         (dp_rank defaults to 0; endpoints tcp://host:port, ipc://, inproc://)\n"
+            "  --model-name NAME      model of the --workers entries (default \"default\")\n"
+            "  --tenant-id NAME       tenant of the --workers entries (default \"default\")\n"
+            "  --peers URLS           comma-separated peer base URLs for P2P recovery at startup\n"
+            "                         (e.g. http://10.0.0.2:8090); tried in order\n"
+            "\n"
+            "kvidx options:\n"
+            "  --host ADDR            bind address (default 0.0.0.0)\n"
+            "  --http-threads N       HTTP event-loop threads, SO_REUSEPORT (default 2)\n"
+            "  --writer-threads N     same as --threads (wins when both are given)\n"
+            "  --listener-threads N   ZMQ listener threads (default 0 = 1, or 2 with more than 4 CPUs)\n"
+            "  --body-limit BYTES     request body limit of every route but /query (default 2097152)\n"
+            "  --query-body-limit BYTES  body limit of /query (default 8388608 = 8 MiB)\n"
+            "  --tls-cert FILE        PEM certificate chain: serve HTTPS (HTTP/2 via ALPN) ...\n"
+            "  --tls-key FILE         ... with this PEM private key (both or neither)\n"
+            "  --admin-token TOKEN    require 'Authorization: Bearer TOKEN' on mutating routes\n"
+            "                         (/register, /unregister, peers, test routes); default none\n"
+            "                         (env KVIDX_ADMIN_TOKEN is used when the flag is absent)\n"
+            "  --log-level LEVEL      error, warn, info or debug (default info)\n"
+            "  --api MODE             dialect of /register, /unregister, /query, /query_by_hash:\n"
+            "                         auto (detected per request, default), dynamo or conductor\n"
+            "  --recovery-delay-ms N  wait before fetching a peer's /dump (default 1000)\n"
+            "  --recovery-timeout-ms N  timeout of one peer fetch (default 10000)\n"
+            "  --idle-timeout-ms N    idle keep-alive / slow-client timeout (default 60000)\n"
+            "  --max-connections N    open HTTP connections over all threads (default 16384)\n"
+            "  --port-file PATH       write the bound port to PATH once listening (default none)\n"
+            "  --help                 print this text and exit\n"
+            "  --version              print the version and exit\n"
+            "\n"
+            "Environment:\n"
+            "  DYN_ROUTER_MIN_INITIAL_WORKERS  keep the listeners gated (and /ready 503) until at\n"
+            "                         least this many instances are registered (unset or 0: off;\n"
+            "                         a non-integer is a startup error)\n"
+            "  DYN_KV_INDEXER_TEST_ENDPOINTS   mount /test/pause_listener and /test/resume_listener\n"
+            "                         when 1, true, yes or on (default: not mounted, 404)\n"
+            "  KVIDX_ADMIN_TOKEN      default of --admin-token\n"
+            "\n"
+            "Signals: SIGTERM or SIGINT stop the daemon gracefully (exit 0 within 2 s).\n");
+}
+
+static int parse_long(const char *flag, const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < min || v > max) {
+        fprintf(stderr, "kvidxd: %s: invalid value '%s' (expected an integer in %ld..%ld)\n", flag, s, min, max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static bool truthy(const char *v)
+{
+    if (v == NULL)
+        return false;
+    while (isspace((unsigned char)*v))
+        v++;
+    size_t n = strlen(v);
+    while (n > 0 && isspace((unsigned char)v[n - 1]))
+        n--;
+    const char *yes[] = {"1", "true", "yes", "on"};
+    for (size_t i = 0; i < 4; i++)
+        if (strlen(yes[i]) == n && strncasecmp(v, yes[i], n) == 0)
+            return true;
+    return false;
+}
+
+/* DYN_ROUTER_MIN_INITIAL_WORKERS: 0 when unset; -1 on a non-integer. */
+static int min_initial_workers(uint64_t *out)
+{
+    const char *v = getenv("DYN_ROUTER_MIN_INITIAL_WORKERS");
+    *out = 0;
+    if (v == NULL)
+        return 0;
+    while (isspace((unsigned char)*v))
+        v++;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    while (isspace((unsigned char)*end))
+        end++;
+    if (errno != 0 || end == v || *end != '\0' || *v == '-') {
+        fprintf(stderr, "kvidxd: DYN_ROUTER_MIN_INITIAL_WORKERS: not a non-negative integer: '%s'\n",
+                getenv("DYN_ROUTER_MIN_INITIAL_WORKERS"));
+        return -1;
+    }
+    *out = n;
+    return 0;
+}
+
+enum {
+    O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
+    O_WRITER_THREADS, O_LISTENER_THREADS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN,
+    O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_PORT_FILE, O_HELP, O_VERSION,
+};
+
+static int parse_opts(int argc, char **argv, struct opts *o)
+{
+    static const struct option lo[] = {
+        {"port", required_argument, NULL, O_PORT},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"block-size", required_argument, NULL, O_BLOCK_SIZE},
+        {"workers", required_argument, NULL, O_WORKERS},
+        {"model-name", required_argument, NULL, O_MODEL},
+        {"tenant-id", required_argument, NULL, O_TENANT},
+        {"peers", required_argument, NULL, O_PEERS},
+        {"host", required_argument, NULL, O_HOST},
+        {"http-threads", required_argument, NULL, O_HTTP_THREADS},
+        {"writer-threads", required_argument, NULL, O_WRITER_THREADS},
+        {"listener-threads", required_argument, NULL, O_LISTENER_THREADS},
+        {"body-limit", required_argument, NULL, O_BODY_LIMIT},
+        {"query-body-limit", required_argument, NULL, O_QUERY_LIMIT},
+        {"tls-cert", required_argument, NULL, O_TLS_CERT},
+        {"tls-key", required_argument, NULL, O_TLS_KEY},
+        {"admin-token", required_argument, NULL, O_ADMIN_TOKEN},
+        {"log-level", required_argument, NULL, O_LOG_LEVEL},
+        {"api", required_argument, NULL, O_API},
+        {"recovery-delay-ms", required_argument, NULL, O_REC_DELAY},
+        {"recovery-timeout-ms", required_argument, NULL, O_REC_TIMEOUT},
+        {"idle-timeout-ms", required_argument, NULL, O_IDLE},
+        {"max-connections", required_argument, NULL, O_MAX_CONN},
+        {"port-file", required_argument, NULL, O_PORT_FILE},
+        {"help", no_argument, NULL, O_HELP},
+        {"version", no_argument, NULL, O_VERSION},
+        {NULL, 0, NULL, 0},
+    };
+    long threads = KVI_SVC_DEFAULT_WRITERS, writer_threads = -1;
+    int c, rc = 0;
+    opterr = 0;
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case O_PORT: rc = parse_long("--port", optarg, 0, 65535, &o->port); break;
+        case O_THREADS: rc = parse_long("--threads", optarg, 1, KVI_WRITER_MAX, &threads); break;
+        case O_WRITER_THREADS: rc = parse_long("--writer-threads", optarg, 1, KVI_WRITER_MAX, &writer_threads); break;
+        case O_HTTP_THREADS: rc = parse_long("--http-threads", optarg, 1, 64, &o->http_threads); break;
+        case O_LISTENER_THREADS:
+            rc = parse_long("--listener-threads", optarg, 0, KVI_LISTEN_MAX_THREADS, &o->listener_threads);
+            break;
+        case O_BLOCK_SIZE: rc = parse_long("--block-size", optarg, 1, UINT32_MAX, &o->block_size); break;
+        case O_WORKERS: o->workers = optarg; break;
+        case O_MODEL: o->model_name = optarg; break;
+        case O_TENANT: o->tenant_id = optarg; break;
+        case O_PEERS: o->peers = optarg; break;
+        case O_HOST: o->host = optarg; break;
+        case O_BODY_LIMIT: rc = parse_long("--body-limit", optarg, 1, LONG_MAX, &o->body_limit); break;
+        case O_QUERY_LIMIT: rc = parse_long("--query-body-limit", optarg, 1, LONG_MAX, &o->query_body_limit); break;
+        case O_TLS_CERT: o->tls_cert = optarg; break;
+        case O_TLS_KEY: o->tls_key = optarg; break;
+        case O_ADMIN_TOKEN: o->admin_token = optarg; break;
+        case O_LOG_LEVEL: o->log_level = optarg; break;
+        case O_API: o->api = optarg; break;
+        case O_REC_DELAY: rc = parse_long("--recovery-delay-ms", optarg, 0, 3600000, &o->recovery_delay_ms); break;
+        case O_REC_TIMEOUT:
+            rc = parse_long("--recovery-timeout-ms", optarg, 1, 3600000, &o->recovery_timeout_ms);
+            break;
+        case O_IDLE: rc = parse_long("--idle-timeout-ms", optarg, 1, 3600000, &o->idle_timeout_ms); break;
+        case O_MAX_CONN: rc = parse_long("--max-connections", optarg, 1, 1000000, &o->max_connections); break;
+        case O_PORT_FILE: o->port_file = optarg; break;
+        case 'h':
+        case O_HELP: usage(stdout); exit(0);
+        case O_VERSION: printf("kvidxd %s\n", KVIDXD_VERSION); exit(0);
+        default:
+            fprintf(stderr, "kvidxd: unknown or incomplete option '%s' (see --help)\n", argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (rc != 0)
+        return -1;
+    if (optind < argc) {
+        fprintf(stderr, "kvidxd: unexpected argument '%s' (see --help)\n", argv[optind]);
+        return -1;
+    }
+    o->writer_threads = writer_threads > 0 ? writer_threads : threads;
+    return 0;
+}
+
+/* Split "a,b,,c" into trimmed non-empty entries (pointers into a copy). */
+static size_t split_list(char *s, char **out, size_t cap)
+{
+    size_t n = 0;
+    for (char *tok = strtok(s, ","); tok != NULL && n < cap; tok = strtok(NULL, ",")) {
+        while (isspace((unsigned char)*tok))
+            tok++;
+        size_t len = strlen(tok);
+        while (len > 0 && isspace((unsigned char)tok[len - 1]))
+            tok[--len] = '\0';
+        if (len > 0)
+            out[n++] = tok;
+    }
+    return n;
+}
+
+static int write_port_file(const char *path, uint16_t port)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL)
+        return -errno;
+    fprintf(f, "%u\n", port);
+    if (fclose(f) != 0 || rename(tmp, path) != 0)
+        return -errno;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o = {
+        .host = "0.0.0.0",
+        .port = DEFAULT_PORT,
+        .http_threads = DEFAULT_HTTP_THREADS,
+        .model_name = "default",
+        .tenant_id = "default",
+        .body_limit = KVI_ROUTES_DEFAULT_BODY_LIMIT,
+        .query_body_limit = KVI_ROUTES_DEFAULT_QUERY_LIMIT,
+        .log_level = "info",
+        .api = "auto",
+        .recovery_delay_ms = KVI_SVC_DEFAULT_RECOVERY_DELAY_MS,
+        .recovery_timeout_ms = KVI_SVC_DEFAULT_RECOVERY_TIMEOUT_MS,
+        .idle_timeout_ms = 60000,
+        .max_connections = 16384,
+    };
+    if (parse_opts(argc, argv, &o) != 0)
+        return 2;
+    enum kvi_log_level lvl;
+    if (kvi_log_parse_level(o.log_level, &lvl) != 0) {
+        fprintf(stderr, "kvidxd: --log-level: unknown level '%s' (error, warn, info, debug)\n", o.log_level);
+        return 2;
+    }
+    kvi_log_set_level(lvl);
+    enum kvi_api_mode api;
+    if (strcasecmp(o.api, "auto") == 0) {
+        api = KVI_API_AUTO;
+    } else if (strcasecmp(o.api, "dynamo") == 0) {
+        api = KVI_API_DYNAMO;
+    } else if (strcasecmp(o.api, "conductor") == 0) {
+        api = KVI_API_CONDUCTOR;
+    } else {
+        fprintf(stderr, "kvidxd: --api: expected auto, dynamo or conductor, got '%s'\n", o.api);
+        return 2;
+    }
+    if ((o.tls_cert == NULL) != (o.tls_key == NULL)) {
+        fprintf(stderr, "kvidxd: --tls-cert and --tls-key go together\n");
+        return 2;
+    }
+    if (o.admin_token == NULL)
+        o.admin_token = getenv("KVIDX_ADMIN_TOKEN");
+
+    /* --workers (http-api.md §1.1) */
+    static struct kvi_worker_spec workers[MAX_WORKERS];
+    size_t n_workers = 0;
+    if (o.workers != NULL) {
+        char err[512] = "";
+        int rc = kvi_workers_parse(o.workers, workers, MAX_WORKERS, &n_workers, err, sizeof err);
+        if (rc != 0) {
+            fprintf(stderr, "kvidxd: --workers: %s\n", rc == -ENOSPC ? "too many entries" : err);
+            return 2;
+        }
+        if (n_workers > 0 && o.block_size == 0) {
+            fprintf(stderr, "kvidxd: --block-size is required when --workers is given\n");
+            return 2;
+        }
+    }
+    char *peers_copy = NULL;
+    char *peers[MAX_PEERS];
+    size_t n_peers = 0;
+    if (o.peers != NULL) {
+        peers_copy = strdup(o.peers);
+        if (peers_copy == NULL)
+            return 1;
+        n_peers = split_list(peers_copy, peers, MAX_PEERS);
+    }
+    uint64_t min_workers;
+    if (min_initial_workers(&min_workers) != 0)
+        return 2;
+    bool test_endpoints = truthy(getenv("DYN_KV_INDEXER_TEST_ENDPOINTS"));
+
+    /* Every thread inherits this mask; main takes the signals with sigwait. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+
+    struct kvi_service_config sc = {
+        .writer_threads = (uint32_t)o.writer_threads,
+        .listener_threads = (uint32_t)o.listener_threads,
+        .min_initial_workers = min_workers,
+        .workers = workers,
+        .n_workers = n_workers,
+        .block_size = (uint32_t)o.block_size,
+        .model_name = o.model_name,
+        .tenant_id = o.tenant_id,
+        .peers = (const char *const *)peers,
+        .n_peers = n_peers,
+        .recovery_delay_ms = (uint32_t)o.recovery_delay_ms,
+        .recovery_timeout_ms = (uint32_t)o.recovery_timeout_ms,
+        .listeners_quiet = lvl < KVI_LOG_WARN,
+    };
+    struct kvi_service *svc = kvi_service_create(&sc);
+    if (svc == NULL) {
+        kvi_log_error("cannot create the service: %s", strerror(errno));
+        return 1;
+    }
+    struct kvi_routes_config rc_cfg = {
+        .body_limit = (size_t)o.body_limit,
+        .query_body_limit = (size_t)o.query_body_limit,
+        .test_endpoints = test_endpoints,
+        .api = api,
+    };
+    struct kvi_routes *routes = kvi_routes_create(svc, &rc_cfg, (unsigned)o.http_threads);
+    struct kvi_http_options ho;
+    kvi_http_options_init(&ho);
+    ho.host = o.host;
+    ho.port = (uint16_t)o.port;
+    ho.threads = (unsigned)o.http_threads;
+    ho.body_limit = (size_t)o.body_limit;
+    ho.tls_cert_file = o.tls_cert;
+    ho.tls_key_file = o.tls_key;
+    ho.admin_token = o.admin_token && o.admin_token[0] ? o.admin_token : NULL;
+    ho.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
+    ho.max_connections = (unsigned)o.max_connections;
+    ho.thread_init = kvi_routes_thread_init;
+    ho.thread_fini = kvi_routes_thread_fini;
+    ho.thread_ud = routes;
+    struct kvi_http_server *srv = kvi_http_server_create(&ho);
+    int exit_code = 0, rc, sig = 0;
+    uint64_t t0 = 0;
+    if (srv == NULL) {
+        kvi_log_error("cannot listen on %s:%ld: %s", o.host, o.port, strerror(errno));
+        exit_code = 1;
+        goto out_service;
+    }
+    rc = kvi_routes_mount(routes, srv);
+    if (rc == 0)
+        rc = kvi_http_server_start(srv);
+    if (rc != 0) {
+        kvi_log_error("cannot start HTTP: %s", strerror(-rc));
+        exit_code = 1;
+        goto out_server;
+    }
+    uint16_t port = kvi_http_server_port(srv);
+    kvi_log_info("kvidxd %s listening on %s:%u (%s, %ld HTTP thread(s), %ld writer thread(s))", KVIDXD_VERSION, o.host,
+                 port, o.tls_cert ? "HTTPS + HTTP/2 via ALPN" : "HTTP/1.1 + h2c", o.http_threads, o.writer_threads);
+    if (test_endpoints)
+        kvi_log_warn("DYN_KV_INDEXER_TEST_ENDPOINTS is set: /test/pause_listener and /test/resume_listener are "
+                     "mounted (they drop events; do not use in production)");
+    if (ho.admin_token == NULL)
+        kvi_log_info("no admin token: mutating routes are open (set --admin-token to protect them)");
+    if (o.port_file != NULL && (rc = write_port_file(o.port_file, port)) != 0)
+        kvi_log_error("cannot write --port-file %s: %s", o.port_file, strerror(-rc));
+    if ((rc = kvi_service_start(svc)) != 0) {
+        /* requests may already wait for it with deferred answers: no orderly teardown */
+        kvi_log_error("cannot start the control thread: %s", strerror(-rc));
+        _exit(1);
+    }
+
+    sigwait(&sigs, &sig);
+    t0 = kvi_now_ns();
+    kvi_log_info("%s received: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    kvi_service_begin_stop(svc);
+    if (kvi_http_server_stop(srv) == 1)
+        kvi_log_warn("some HTTP connections were cut at the end of the grace period");
+    /* Exit within 2 s: the control thread normally ends at once; only a peer
+     * fetch stuck in connect can hold it, and then the process just exits. */
+    if (kvi_service_stop(svc, (uint32_t)KVI_MAX(100, 1900 - (int64_t)((kvi_now_ns() - t0) / 1000000))) != 0) {
+        kvi_log_warn("control thread busy (peer fetch): exiting without teardown");
+        _exit(0);
+    }
+out_server:
+    kvi_http_server_free(srv);
+out_service:
+    kvi_service_destroy(svc);
+    kvi_routes_free(routes);
+    curl_global_cleanup();
+    free(peers_copy);
+    if (exit_code == 0)
+        kvi_log_info("stopped in %.0f ms", (double)(kvi_now_ns() - t0) / 1e6);
+    return exit_code;
+}

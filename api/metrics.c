@@ -1,0 +1,485 @@
+/*
+ * Prometheus text rendering of kvidxd's metrics (see api/metrics.h). Every
+ * figure is read at scrape time from the components' own counters; nothing
+ * here is on a request path other than /metrics itself.
+ */
+#include "api/metrics.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/rcu.h"
+#include "net/listener.h"
+
+#ifdef KVI_WITH_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
+static void put_help(struct kvi_buf *b, const char *name, const char *type, const char *help)
+{
+    kvi_buf_puts(b, "# HELP ");
+    kvi_buf_puts(b, name);
+    kvi_buf_putc(b, ' ');
+    kvi_buf_puts(b, help);
+    kvi_buf_puts(b, "\n# TYPE ");
+    kvi_buf_puts(b, name);
+    kvi_buf_putc(b, ' ');
+    kvi_buf_puts(b, type);
+    kvi_buf_putc(b, '\n');
+}
+
+/* A label value, escaped as the text format requires (\\, \", \n). */
+static void put_label_value(struct kvi_buf *b, const char *s)
+{
+    kvi_buf_putc(b, '"');
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"') {
+            kvi_buf_putc(b, '\\');
+            kvi_buf_putc(b, *s);
+        } else if (*s == '\n') {
+            kvi_buf_puts(b, "\\n");
+        } else {
+            kvi_buf_putc(b, *s);
+        }
+    }
+    kvi_buf_putc(b, '"');
+}
+
+static void put_double(struct kvi_buf *b, double v)
+{
+    char tmp[64];
+    int n = snprintf(tmp, sizeof tmp, "%.10g", v);
+    kvi_buf_put(b, tmp, (size_t)n);
+}
+
+/* name{labels} value\n; labels is preformatted ("" for none). */
+static void put_u64(struct kvi_buf *b, const char *name, const char *labels, uint64_t v)
+{
+    kvi_buf_puts(b, name);
+    if (labels[0]) {
+        kvi_buf_putc(b, '{');
+        kvi_buf_puts(b, labels);
+        kvi_buf_putc(b, '}');
+    }
+    kvi_buf_putc(b, ' ');
+    kvi_buf_put_u64(b, v);
+    kvi_buf_putc(b, '\n');
+}
+
+static void put_sec(struct kvi_buf *b, const char *name, const char *labels, uint64_t ns)
+{
+    kvi_buf_puts(b, name);
+    if (labels[0]) {
+        kvi_buf_putc(b, '{');
+        kvi_buf_puts(b, labels);
+        kvi_buf_putc(b, '}');
+    }
+    kvi_buf_putc(b, ' ');
+    put_double(b, (double)ns / 1e9);
+    kvi_buf_putc(b, '\n');
+}
+
+/* Build `key="value"` pairs into buf. */
+static const char *lab1(char *buf, size_t cap, const char *k, const char *v)
+{
+    struct kvi_buf t = {0};
+    kvi_buf_puts(&t, k);
+    kvi_buf_putc(&t, '=');
+    put_label_value(&t, v);
+    snprintf(buf, cap, "%.*s", (int)t.len, t.data ? t.data : "");
+    kvi_buf_free(&t);
+    return buf;
+}
+
+static const char *lab2(char *buf, size_t cap, const char *k1, const char *v1, const char *k2, const char *v2)
+{
+    struct kvi_buf t = {0};
+    kvi_buf_puts(&t, k1);
+    kvi_buf_putc(&t, '=');
+    put_label_value(&t, v1);
+    kvi_buf_putc(&t, ',');
+    kvi_buf_puts(&t, k2);
+    kvi_buf_putc(&t, '=');
+    put_label_value(&t, v2);
+    snprintf(buf, cap, "%.*s", (int)t.len, t.data ? t.data : "");
+    kvi_buf_free(&t);
+    return buf;
+}
+
+/* A histogram from non-cumulative buckets with upper bounds bound_s(i). */
+static void put_hist(struct kvi_buf *b, const char *name, const char *labels, const uint64_t *buckets, unsigned nb,
+                     double first_bound_s, uint64_t count, double sum_s)
+{
+    uint64_t cum = 0;
+    double bound = first_bound_s;
+    for (unsigned i = 0; i < nb; i++, bound *= 2) {
+        cum += buckets[i];
+        kvi_buf_puts(b, name);
+        kvi_buf_puts(b, "_bucket{");
+        if (labels[0]) {
+            kvi_buf_puts(b, labels);
+            kvi_buf_putc(b, ',');
+        }
+        kvi_buf_puts(b, "le=\"");
+        put_double(b, bound);
+        kvi_buf_puts(b, "\"} ");
+        kvi_buf_put_u64(b, cum);
+        kvi_buf_putc(b, '\n');
+    }
+    kvi_buf_puts(b, name);
+    kvi_buf_puts(b, "_bucket{");
+    if (labels[0]) {
+        kvi_buf_puts(b, labels);
+        kvi_buf_putc(b, ',');
+    }
+    kvi_buf_puts(b, "le=\"+Inf\"} ");
+    kvi_buf_put_u64(b, count);
+    kvi_buf_putc(b, '\n');
+    kvi_buf_puts(b, name);
+    kvi_buf_puts(b, "_sum");
+    if (labels[0]) {
+        kvi_buf_putc(b, '{');
+        kvi_buf_puts(b, labels);
+        kvi_buf_putc(b, '}');
+    }
+    kvi_buf_putc(b, ' ');
+    put_double(b, sum_s);
+    kvi_buf_putc(b, '\n');
+    kvi_buf_puts(b, name);
+    kvi_buf_puts(b, "_count");
+    if (labels[0]) {
+        kvi_buf_putc(b, '{');
+        kvi_buf_puts(b, labels);
+        kvi_buf_putc(b, '}');
+    }
+    kvi_buf_putc(b, ' ');
+    kvi_buf_put_u64(b, count);
+    kvi_buf_putc(b, '\n');
+}
+
+static const char *method_name(unsigned m)
+{
+    if (m & KVI_HTTP_POST)
+        return "POST";
+    if (m & KVI_HTTP_GET)
+        return "GET";
+    if (m & KVI_HTTP_PUT)
+        return "PUT";
+    if (m & KVI_HTTP_DELETE)
+        return "DELETE";
+    return "unknown";
+}
+
+/* ---- the six Dynamo metrics ---------------------------------------------------------- */
+
+static void render_http(const struct kvi_metrics_src *src, struct kvi_buf *b)
+{
+    int nr = kvi_http_route_count(src->srv);
+    struct kvi_http_stats hs;
+    kvi_http_server_stats(src->srv, &hs);
+    char l[1024];
+    const char *dur = "dynamo_kvindexer_request_duration_seconds";
+    put_help(b, dur, "histogram", "HTTP request latency");
+    for (int r = 0; r <= nr; r++) {
+        struct kvi_http_counters c;
+        const char *path = "unknown";
+        if (r < nr) {
+            if (r == src->metrics_route || kvi_http_route_stats(src->srv, r, &c) != 0)
+                continue;
+            path = kvi_http_route_path(src->srv, r, NULL);
+        } else {
+            c = hs.unmatched;
+        }
+        if (c.requests == 0)
+            continue;
+        uint64_t answered = 0;
+        for (unsigned i = 0; i <= KVI_HTTP_LATENCY_BUCKETS; i++)
+            answered += c.latency_buckets[i];
+        put_hist(b, dur, lab1(l, sizeof l, "endpoint", path), c.latency_buckets, KVI_HTTP_LATENCY_BUCKETS, 0.0001,
+                 answered, (double)c.latency_ns_sum / 1e9);
+    }
+    put_help(b, "dynamo_kvindexer_requests_total", "counter", "Total HTTP requests");
+    for (int r = 0; r <= nr; r++) {
+        struct kvi_http_counters c;
+        const char *path = "unknown", *method = "unknown";
+        if (r < nr) {
+            unsigned m = 0;
+            if (r == src->metrics_route || kvi_http_route_stats(src->srv, r, &c) != 0)
+                continue;
+            path = kvi_http_route_path(src->srv, r, &m);
+            method = method_name(m);
+        } else {
+            c = hs.unmatched;
+        }
+        if (c.requests > 0)
+            put_u64(b, "dynamo_kvindexer_requests_total", lab2(l, sizeof l, "endpoint", path, "method", method),
+                    c.requests);
+    }
+    put_help(b, "dynamo_kvindexer_errors_total", "counter", "HTTP error responses (4xx/5xx)");
+    for (int r = 0; r <= nr; r++) {
+        struct kvi_http_counters c;
+        const char *path = "unknown";
+        if (r < nr) {
+            if (r == src->metrics_route || kvi_http_route_stats(src->srv, r, &c) != 0)
+                continue;
+            path = kvi_http_route_path(src->srv, r, NULL);
+        } else {
+            c = hs.unmatched;
+        }
+        if (c.status[4] > 0)
+            put_u64(b, "dynamo_kvindexer_errors_total", lab2(l, sizeof l, "endpoint", path, "status_class", "4xx"),
+                    c.status[4]);
+        if (c.status[5] > 0)
+            put_u64(b, "dynamo_kvindexer_errors_total", lab2(l, sizeof l, "endpoint", path, "status_class", "5xx"),
+                    c.status[5]);
+    }
+}
+
+static void render_gauges(const struct kvi_metrics_src *src, const struct kvi_listener_totals *t, struct kvi_buf *b)
+{
+    struct kvi_service_counts sc;
+    kvi_service_counts(src->svc, &sc);
+    kvi_rcu_read_lock();
+    size_t models = kvi_nsreg_list(kvi_service_nsreg(src->svc), NULL, 0);
+    kvi_rcu_read_unlock();
+    put_help(b, "dynamo_kvindexer_models", "gauge", "Number of active model+tenant indexers");
+    put_u64(b, "dynamo_kvindexer_models", "", models);
+    put_help(b, "dynamo_kvindexer_workers", "gauge", "Number of registered worker instances");
+    put_u64(b, "dynamo_kvindexer_workers", "", sc.workers);
+    put_help(b, "dynamo_kvindexer_listeners", "gauge", "ZMQ listeners by status");
+    char l[128];
+    for (int s = 0; s < KVI_LISTENER_STATES; s++)
+        put_u64(b, "dynamo_kvindexer_listeners",
+                lab1(l, sizeof l, "status", kvi_listener_state_name((enum kvi_listener_state)s)), t->by_state[s]);
+}
+
+/* ---- kvidx_* ------------------------------------------------------------------------------ */
+
+static void render_events(const struct kvi_listener_totals *t, struct kvi_buf *b)
+{
+    const struct kvi_listener_counters *c = &t->ctr;
+    char l[128];
+    put_help(b, "kvidx_events_total", "counter", "KV events decoded from engines, by type");
+    put_u64(b, "kvidx_events_total", lab1(l, sizeof l, "type", "stored"), c->events_stored);
+    put_u64(b, "kvidx_events_total", lab1(l, sizeof l, "type", "removed"), c->events_removed);
+    put_u64(b, "kvidx_events_total", lab1(l, sizeof l, "type", "cleared"), c->events_cleared);
+    put_u64(b, "kvidx_events_total", lab1(l, sizeof l, "type", "unknown"), c->events_unknown);
+    put_u64(b, "kvidx_events_total", lab1(l, sizeof l, "type", "invalid"), c->events_invalid);
+    put_help(b, "kvidx_event_ops_total", "counter", "Index ops applied by the writers, by outcome");
+    put_u64(b, "kvidx_event_ops_total", lab1(l, sizeof l, "outcome", "applied"), c->ops_applied);
+    put_u64(b, "kvidx_event_ops_total", lab1(l, sizeof l, "outcome", "parent_block_not_found"),
+            c->ops_parent_not_found);
+    put_u64(b, "kvidx_event_ops_total", lab1(l, sizeof l, "outcome", "invalid_block"), c->ops_invalid);
+    put_u64(b, "kvidx_event_ops_total", lab1(l, sizeof l, "outcome", "block_not_found"), c->unknown_blocks);
+
+#define KVI_METRIC_X(name, help) \
+    put_help(b, "kvidx_listener_" #name "_total", "counter", help); \
+    put_u64(b, "kvidx_listener_" #name "_total", "", c->name);
+    KVI_LISTENER_COUNTERS(KVI_METRIC_X)
+    KVI_LISTENER_EVENT_COUNTERS(KVI_METRIC_X)
+#undef KVI_METRIC_X
+    put_help(b, "kvidx_listener_unknown_topic_total", "counter",
+             "bind mode: messages whose topic matched no registration");
+    put_u64(b, "kvidx_listener_unknown_topic_total", "", t->unknown_topic);
+    put_help(b, "kvidx_listener_threads", "gauge", "listener threads");
+    put_u64(b, "kvidx_listener_threads", "", t->threads);
+}
+
+static void render_writers(const struct kvi_metrics_src *src, struct kvi_buf *b)
+{
+    struct kvi_writer_pool *wp = kvi_service_writers(src->svc);
+    uint32_t n = kvi_writer_pool_size(wp);
+    struct kvi_writer_stats st[KVI_WRITER_MAX];
+    for (uint32_t w = 0; w < n; w++)
+        kvi_writer_stats(wp, w, &st[w]);
+    char l[64], id[16];
+    struct {
+        const char *name, *type, *help;
+        int which;
+    } m[] = {
+        {"kvidx_writer_ops_total", "counter", "ops applied by the writer", 0},
+        {"kvidx_writer_queued_ops", "gauge", "ops submitted to the writer and not applied yet (ring occupancy)", 1},
+        {"kvidx_writer_blocks_total", "counter", "blocks in store ops applied by the writer", 2},
+        {"kvidx_writer_sleeps_total", "counter", "times the writer went to sleep", 3},
+        {"kvidx_writer_stalls_total", "counter", "submits that found the writer's ring full", 4},
+    };
+    for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+        put_help(b, m[k].name, m[k].type, m[k].help);
+        for (uint32_t w = 0; w < n; w++) {
+            snprintf(id, sizeof id, "%" PRIu32, w);
+            uint64_t v = m[k].which == 0   ? st[w].ops
+                         : m[k].which == 1 ? st[w].queued
+                         : m[k].which == 2 ? st[w].blocks_stored
+                         : m[k].which == 3 ? st[w].sleeps
+                                           : st[w].stalls;
+            put_u64(b, m[k].name, lab1(l, sizeof l, "writer", id), v);
+        }
+    }
+    put_help(b, "kvidx_writer_lag_seconds", "gauge", "submit-to-apply delay of the writer's last op");
+    for (uint32_t w = 0; w < n; w++) {
+        snprintf(id, sizeof id, "%" PRIu32, w);
+        put_sec(b, "kvidx_writer_lag_seconds", lab1(l, sizeof l, "writer", id), st[w].last_lag_ns);
+    }
+    put_help(b, "kvidx_writer_max_lag_seconds", "gauge", "largest submit-to-apply delay seen");
+    for (uint32_t w = 0; w < n; w++) {
+        snprintf(id, sizeof id, "%" PRIu32, w);
+        put_sec(b, "kvidx_writer_max_lag_seconds", lab1(l, sizeof l, "writer", id), st[w].max_lag_ns);
+    }
+    put_help(b, "kvidx_writer_busy_seconds_total", "counter", "time the writer spent applying ops");
+    for (uint32_t w = 0; w < n; w++) {
+        snprintf(id, sizeof id, "%" PRIu32, w);
+        put_sec(b, "kvidx_writer_busy_seconds_total", lab1(l, sizeof l, "writer", id), st[w].busy_ns);
+    }
+}
+
+static void render_indexes(const struct kvi_metrics_src *src, struct kvi_buf *b)
+{
+    struct kvi_nsreg *reg = kvi_service_nsreg(src->svc);
+    struct {
+        const char *name, *type, *help;
+    } m[] = {
+        {"kvidx_index_entries", "gauge", "distinct indexed prefixes (blocks)"},
+        {"kvidx_index_holdings", "gauge", "(block, worker slot) pairs held"},
+        {"kvidx_index_slots", "gauge", "live (instance, dp_rank, tier) slots"},
+        {"kvidx_index_bytes", "gauge", "bytes allocated by the index"},
+        {"kvidx_index_stored_blocks_total", "counter", "blocks newly stored"},
+        {"kvidx_index_removed_blocks_total", "counter", "blocks removed, cascades included"},
+        {"kvidx_index_parent_not_found_total", "counter", "stores rejected: parent unknown"},
+        {"kvidx_index_unknown_removes_total", "counter", "removes of unknown blocks (no-ops)"},
+    };
+    const size_t nm = sizeof m / sizeof m[0];
+    kvi_rcu_read_lock();
+    struct kvi_ns *list[256];
+    size_t n = kvi_nsreg_list(reg, list, 256);
+    if (n > 256)
+        n = 256; /* the first 256 namespaces by (model, tenant) */
+    static _Thread_local struct kvi_index_stats st[256];
+    for (size_t i = 0; i < n; i++)
+        kvi_index_stats(list[i]->ix, &st[i]);
+    char l[1024];
+    for (size_t k = 0; k < nm; k++) {
+        put_help(b, m[k].name, m[k].type, m[k].help);
+        for (size_t i = 0; i < n; i++) {
+            const struct kvi_index_stats *s = &st[i];
+            uint64_t v = k == 0 ? s->entries
+                         : k == 1 ? s->holdings
+                         : k == 2 ? s->slots
+                         : k == 3 ? s->bytes
+                         : k == 4 ? s->stored_blocks
+                         : k == 5 ? s->removed_blocks
+                         : k == 6 ? s->parent_not_found
+                                  : s->unknown_removes;
+            put_u64(b, m[k].name, lab2(l, sizeof l, "model", list[i]->model, "tenant", list[i]->tenant), v);
+        }
+    }
+    kvi_rcu_read_unlock();
+}
+
+static void render_memory(struct kvi_buf *b)
+{
+#ifdef KVI_WITH_JEMALLOC
+    uint64_t epoch = 1;
+    size_t sz = sizeof epoch;
+    mallctl("epoch", &epoch, &sz, &epoch, sz);
+    const char *keys[] = {"stats.allocated", "stats.active", "stats.resident", "stats.mapped"};
+    const char *names[] = {"kvidx_memory_allocated_bytes", "kvidx_memory_active_bytes", "kvidx_memory_resident_bytes",
+                           "kvidx_memory_mapped_bytes"};
+    const char *helps[] = {"bytes allocated by the application (jemalloc stats.allocated)",
+                           "bytes in active pages (jemalloc stats.active)",
+                           "bytes in physically resident pages (jemalloc stats.resident)",
+                           "bytes in mapped extents (jemalloc stats.mapped)"};
+    for (int i = 0; i < 4; i++) {
+        size_t v = 0;
+        sz = sizeof v;
+        if (mallctl(keys[i], &v, &sz, NULL, 0) != 0)
+            continue;
+        put_help(b, names[i], "gauge", helps[i]);
+        put_u64(b, names[i], "", v);
+    }
+#else
+    (void)b;
+#endif
+}
+
+static void render_queries(const struct kvi_metrics_src *src, struct kvi_buf *b)
+{
+    static const char *const route[KVI_QK_COUNT] = {"/query", "/query_by_hash", "/query", "/query_by_hash"};
+    static const char *const dialect[KVI_QK_COUNT] = {"dynamo", "dynamo", "conductor", "conductor"};
+    char l[128];
+    put_help(b, "kvidx_query_duration_seconds", "histogram",
+             "query handler time (parse, hash, index lookup, encode), measured on the loop thread");
+    uint64_t blocks[KVI_QK_COUNT] = {0};
+    for (int k = 0; k < KVI_QK_COUNT; k++) {
+        uint64_t bk[KVI_QUERY_BUCKETS + 1] = {0}, count = 0, sum = 0;
+        for (unsigned t = 0; t < src->n_threads; t++) {
+            const struct kvi_query_hist *h = &src->hists[t * KVI_QK_COUNT + (unsigned)k];
+            for (unsigned i = 0; i <= KVI_QUERY_BUCKETS; i++)
+                bk[i] += atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+            count += atomic_load_explicit(&h->count, memory_order_relaxed);
+            sum += atomic_load_explicit(&h->sum_ns, memory_order_relaxed);
+            blocks[k] += atomic_load_explicit(&h->blocks, memory_order_relaxed);
+        }
+        put_hist(b, "kvidx_query_duration_seconds", lab2(l, sizeof l, "route", route[k], "dialect", dialect[k]), bk,
+                 KVI_QUERY_BUCKETS, 0.000001, count, (double)sum / 1e9);
+    }
+    put_help(b, "kvidx_query_blocks_total", "counter", "blocks (hashes) looked up by queries");
+    for (int k = 0; k < KVI_QK_COUNT; k++)
+        put_u64(b, "kvidx_query_blocks_total", lab2(l, sizeof l, "route", route[k], "dialect", dialect[k]),
+                blocks[k]);
+}
+
+static void render_misc(const struct kvi_metrics_src *src, struct kvi_buf *b)
+{
+    struct kvi_http_stats hs;
+    kvi_http_server_stats(src->srv, &hs);
+    put_help(b, "kvidx_http_connections_open", "gauge", "open HTTP connections");
+    put_u64(b, "kvidx_http_connections_open", "", hs.conns_open);
+    put_help(b, "kvidx_http_connections_accepted_total", "counter", "HTTP connections accepted");
+    put_u64(b, "kvidx_http_connections_accepted_total", "", hs.conns_accepted);
+    put_help(b, "kvidx_http_connections_rejected_total", "counter", "HTTP connections refused over the limit");
+    put_u64(b, "kvidx_http_connections_rejected_total", "", hs.conns_rejected);
+    put_help(b, "kvidx_http_requests_in_flight", "gauge", "dispatched HTTP requests not yet finished");
+    put_u64(b, "kvidx_http_requests_in_flight", "", hs.in_flight);
+    put_help(b, "kvidx_http_request_bytes_total", "counter", "request body bytes");
+    put_u64(b, "kvidx_http_request_bytes_total", "", hs.all.bytes_in);
+    put_help(b, "kvidx_http_response_bytes_total", "counter", "response body bytes");
+    put_u64(b, "kvidx_http_response_bytes_total", "", hs.all.bytes_out);
+
+    struct kvi_status_view sv;
+    kvi_service_status(src->svc, &sv);
+    put_help(b, "kvidx_ready", "gauge", "1 when /ready answers 200");
+    put_u64(b, "kvidx_ready", "", sv.ready);
+    struct kvi_service_counts sc;
+    kvi_service_counts(src->svc, &sc);
+    put_help(b, "kvidx_conductor_services", "gauge", "registered Conductor service keys");
+    put_u64(b, "kvidx_conductor_services", "", sc.services);
+    put_help(b, "kvidx_peers", "gauge", "registered peers");
+    put_u64(b, "kvidx_peers", "", sc.peers);
+    struct kvi_recovery_stats rs;
+    kvi_service_recovery_stats(src->svc, &rs);
+    put_help(b, "kvidx_recovery_attempts_total", "counter", "peer /dump fetches started by P2P recovery");
+    put_u64(b, "kvidx_recovery_attempts_total", "", rs.attempts);
+    put_help(b, "kvidx_recovery_blocks", "gauge", "blocks applied by the successful P2P recovery");
+    put_u64(b, "kvidx_recovery_blocks", "", rs.blocks);
+    put_help(b, "kvidx_recovery_rejected_blocks", "gauge", "dump blocks the index rejected during recovery");
+    put_u64(b, "kvidx_recovery_rejected_blocks", "", rs.rejected);
+    put_help(b, "kvidx_recovery_duration_seconds", "gauge", "duration of P2P recovery");
+    put_sec(b, "kvidx_recovery_duration_seconds", "", rs.duration_ms * 1000000u);
+}
+
+int kvi_metrics_render(const struct kvi_metrics_src *src, struct kvi_buf *out)
+{
+    struct kvi_listener_totals t;
+    kvi_listeners_totals(kvi_service_listeners(src->svc), &t);
+    render_http(src, out);
+    render_gauges(src, &t, out);
+    render_events(&t, out);
+    render_writers(src, out);
+    render_indexes(src, out);
+    render_memory(out);
+    render_queries(src, out);
+    render_misc(src, out);
+    return kvi_buf_ok(out) ? 0 : -ENOMEM;
+}

@@ -1,0 +1,44 @@
+/*
+ * P2P recovery (http-api.md §1.16): at startup, fetch GET {peer}/dump from the
+ * first peer that answers with a complete, valid dump and apply it to the
+ * local indexes through the control thread's producer.
+ *
+ *   1. wait `delay_ms` (the local SUB sockets are already connected and
+ *      buffering, the gate is closed; the delay makes the peer's snapshot
+ *      cover the slow-joiner window);
+ *   2. for each peer in order: GET {peer}/dump with a `timeout_ms` budget,
+ *      streamed into the dump decoder (api/codec_dump.h) and applied block
+ *      by block: namespaces are found or created with the dump's block size
+ *      (a mismatch with an existing namespace only warns), instances are
+ *      interned by id or name;
+ *   3. a peer fails on a transport error, a non-2xx status, or a body the
+ *      decoder rejects (malformed, or a namespace without both block_size and
+ *      events, such as an {"error":...} entry): what its attempt applied is
+ *      rolled back (its instances are removed, namespaces it created and no
+ *      registration uses are deleted) and the next peer is tried;
+ *   4. no peer works: start empty (KVI_RECOVERY_NO_REACHABLE_PEERS).
+ *
+ * Every step stops early once shutdown has begun (KVI_RECOVERY_FAILED).
+ * Listeners stay gated (pending) the whole time, so nothing live is applied
+ * meanwhile and a rollback cannot erase live state.
+ *
+ * THREAD: the service's control thread only (it owns the producer used).
+ */
+#ifndef KVI_API_RECOVERY_H
+#define KVI_API_RECOVERY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/service.h"
+
+/**
+ * Run P2P recovery (control thread).
+ * @param peers     base URLs such as "http://host:8090" (a trailing '/' is allowed)
+ * @param st        receives the figures (attempts, blocks, rejected, duration)
+ * @return the outcome; never KVI_RECOVERY_NONE.
+ */
+enum kvi_recovery_result kvi_recovery_run(struct kvi_service *svc, const char *const *peers, size_t n_peers,
+                                          uint32_t delay_ms, uint32_t timeout_ms, struct kvi_recovery_stats *st);
+
+#endif
