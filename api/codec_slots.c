@@ -1,0 +1,456 @@
+/*
+ * Slot-tracker codecs (api/codec_slots.h). The parsers use the table-driven
+ * object parser of the Dynamo dialect (axum + serde texts); the reference
+ * service's serde types are RegisterRequest, UnregisterRequest, AddRequest,
+ * LifecycleRequest, PotentialLoadsRequest and PeerRequest.
+ */
+#include "api/codec_slots.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/codec_internal.h"
+
+#define F(name, kind, flags, bit, type, member)                                                    \
+    {name, kind, flags, bit, (uint16_t)offsetof(type, member), 0}
+#define FA(name, kind, flags, bit, type, member, count)                                            \
+    {name, kind, flags, bit, (uint16_t)offsetof(type, member), (uint16_t)offsetof(type, count)}
+
+/* What the table parser fills (kvi_str fields); converted to engine structs. */
+struct wire {
+    struct kvi_str model_name;
+    struct kvi_str tenant_id;
+    struct kvi_str request_id;
+    struct kvi_str url;
+    uint64_t worker_id;
+    uint64_t new_isl_tokens;
+    const uint64_t *hashes;
+    size_t n_hashes;
+    uint32_t block_size;
+    uint32_t dp_start;
+    uint32_t dp_size;
+    uint32_t dp_rank;
+};
+
+#define W(name, kind, flags, bit, member) F(name, kind, flags, bit, struct wire, member)
+
+enum { B_MODEL, B_TENANT, B_REQ, B_WORKER, B_RANK, B_HASHES, B_ISL, B_BS, B_START, B_SIZE, B_URL };
+
+static const struct kvi_field register_fields[] = {
+    W("worker_id", KVI_FK_U64, KVI_FF_REQ, B_WORKER, worker_id),
+    W("model_name", KVI_FK_STR, KVI_FF_REQ, B_MODEL, model_name),
+    W("tenant_id", KVI_FK_STR, 0, B_TENANT, tenant_id),
+    W("block_size", KVI_FK_U32, KVI_FF_REQ, B_BS, block_size),
+    W("dp_start", KVI_FK_U32, KVI_FF_REQ, B_START, dp_start),
+    W("dp_size", KVI_FK_U32, KVI_FF_REQ, B_SIZE, dp_size),
+};
+
+static const struct kvi_field unregister_fields[] = {
+    W("worker_id", KVI_FK_U64, KVI_FF_REQ, B_WORKER, worker_id),
+    W("model_name", KVI_FK_STR, KVI_FF_REQ, B_MODEL, model_name),
+    W("tenant_id", KVI_FK_STR, 0, B_TENANT, tenant_id),
+};
+
+static const struct kvi_field add_fields[] = {
+    W("model_name", KVI_FK_STR, KVI_FF_REQ, B_MODEL, model_name),
+    W("tenant_id", KVI_FK_STR, 0, B_TENANT, tenant_id),
+    W("request_id", KVI_FK_STR, KVI_FF_REQ, B_REQ, request_id),
+    W("worker_id", KVI_FK_U64, KVI_FF_REQ, B_WORKER, worker_id),
+    W("dp_rank", KVI_FK_U32, KVI_FF_REQ, B_RANK, dp_rank),
+    FA("sequence_hashes", KVI_FK_HASHES, KVI_FF_REQ, B_HASHES, struct wire, hashes, n_hashes),
+    W("new_isl_tokens", KVI_FK_U64, 0, B_ISL, new_isl_tokens),
+};
+
+static const struct kvi_field lifecycle_fields[] = {
+    W("model_name", KVI_FK_STR, KVI_FF_REQ, B_MODEL, model_name),
+    W("tenant_id", KVI_FK_STR, 0, B_TENANT, tenant_id),
+    W("request_id", KVI_FK_STR, KVI_FF_REQ, B_REQ, request_id),
+};
+
+static const struct kvi_field potential_fields[] = {
+    W("model_name", KVI_FK_STR, KVI_FF_REQ, B_MODEL, model_name),
+    W("tenant_id", KVI_FK_STR, 0, B_TENANT, tenant_id),
+    FA("sequence_hashes", KVI_FK_HASHES, KVI_FF_REQ, B_HASHES, struct wire, hashes, n_hashes),
+    W("new_isl_tokens", KVI_FK_U64, 0, B_ISL, new_isl_tokens),
+};
+
+static const struct kvi_field peer_fields[] = {
+    W("url", KVI_FK_STR, KVI_FF_REQ, B_URL, url),
+};
+
+/* Replace the first @p from after @p after in the message by @p to. */
+static bool msg_replace(struct kvi_api_err *err, const char *after, const char *from,
+                        const char *to)
+{
+    const char *at = after != NULL ? strstr(err->msg, after) : err->msg;
+    const char *hit = at != NULL ? strstr(at, from) : NULL;
+    if (hit == NULL)
+        return false;
+    char tmp[sizeof(err->msg)];
+    snprintf(tmp, sizeof(tmp), "%.*s%s%s", (int)(hit - err->msg), err->msg, to, hit + strlen(from));
+    memcpy(err->msg, tmp, sizeof(tmp));
+    return true;
+}
+
+/*
+ * Bring the shared parser's 422 texts to what serde says for the reference
+ * types (checked against serde_json 1.0.87):
+ *   - sequence_hashes has a custom visitor expecting "an array of signed
+ *     64-bit sequence hashes", new_isl_tokens is a usize;
+ *   - an integer where a string or an array is expected is an "invalid
+ *     type", not an "invalid value" (serde's Unexpected::Signed/Unsigned).
+ * Error path only.
+ */
+static void fix_expectation(struct kvi_api_err *err)
+{
+    if (err->status != 422)
+        return;
+    msg_replace(err, "sequence_hashes: ", ", expected a sequence at ",
+                ", expected an array of signed 64-bit sequence hashes at ");
+    msg_replace(err, "new_isl_tokens: ", ", expected u64 at ", ", expected usize at ");
+    if (strstr(err->msg, ", expected a string at ") != NULL ||
+        strstr(err->msg, ", expected an array of signed 64-bit sequence hashes at ") != NULL)
+        msg_replace(err, NULL, ": invalid value: integer `", ": invalid type: integer `");
+}
+
+static int parse(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
+                 const char *type_name, const struct kvi_field *f, size_t nf, struct wire *w,
+                 struct kvi_api_err *err)
+{
+    struct kvi_pctx c;
+    memset(w, 0, sizeof(*w));
+    int r = kvi_parse__begin(&c, KVI_DIALECT_DYNAMO, type_name, body, len, ct, false, s, err);
+    uint64_t seen = 0;
+    if (r == 0)
+        r = kvi_parse__fields(&c, f, nf, w, &seen);
+    if (r != 0) {
+        fix_expectation(err);
+        return r;
+    }
+    if (!(seen & KVI_BIT(B_TENANT)))
+        w->tenant_id = kvi_str_default;
+    return 0;
+}
+
+static struct kvi_slots_key key_of(const struct wire *w)
+{
+    return (struct kvi_slots_key){w->model_name.p, w->model_name.len, w->tenant_id.p,
+                                  w->tenant_id.len};
+}
+
+int kvi_slot_parse_register(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
+                            struct kvi_slot_register *out, struct kvi_api_err *err)
+{
+    struct wire w;
+    memset(out, 0, sizeof(*out));
+    int r = parse(body, len, ct, s, "RegisterRequest", register_fields,
+                  KVI_ARRAY_LEN(register_fields), &w, err);
+    if (r != 0)
+        return r;
+    out->key = key_of(&w);
+    out->worker_id = w.worker_id;
+    out->block_size = w.block_size;
+    out->dp_start = w.dp_start;
+    out->dp_size = w.dp_size;
+    return 0;
+}
+
+int kvi_slot_parse_unregister(const void *body, size_t len, enum kvi_ctype ct,
+                              struct kvi_scratch *s, struct kvi_slot_unregister *out,
+                              struct kvi_api_err *err)
+{
+    struct wire w;
+    memset(out, 0, sizeof(*out));
+    int r = parse(body, len, ct, s, "UnregisterRequest", unregister_fields,
+                  KVI_ARRAY_LEN(unregister_fields), &w, err);
+    if (r != 0)
+        return r;
+    out->key = key_of(&w);
+    out->worker_id = w.worker_id;
+    return 0;
+}
+
+int kvi_slot_parse_add(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
+                       struct kvi_slots_request *out, struct kvi_api_err *err)
+{
+    struct wire w;
+    memset(out, 0, sizeof(*out));
+    int r = parse(body, len, ct, s, "AddRequest", add_fields, KVI_ARRAY_LEN(add_fields), &w, err);
+    if (r != 0)
+        return r;
+    out->key = key_of(&w);
+    out->request_id = w.request_id.p;
+    out->request_id_len = w.request_id.len;
+    out->worker_id = w.worker_id;
+    out->dp_rank = w.dp_rank;
+    out->hashes = w.hashes;
+    out->n_hashes = w.n_hashes;
+    out->new_isl_tokens = w.new_isl_tokens;
+    return 0;
+}
+
+int kvi_slot_parse_lifecycle(const void *body, size_t len, enum kvi_ctype ct,
+                             struct kvi_scratch *s, struct kvi_slots_request *out,
+                             struct kvi_api_err *err)
+{
+    struct wire w;
+    memset(out, 0, sizeof(*out));
+    int r = parse(body, len, ct, s, "LifecycleRequest", lifecycle_fields,
+                  KVI_ARRAY_LEN(lifecycle_fields), &w, err);
+    if (r != 0)
+        return r;
+    out->key = key_of(&w);
+    out->request_id = w.request_id.p;
+    out->request_id_len = w.request_id.len;
+    return 0;
+}
+
+int kvi_slot_parse_potential(const void *body, size_t len, enum kvi_ctype ct,
+                             struct kvi_scratch *s, struct kvi_slot_potential *out,
+                             struct kvi_api_err *err)
+{
+    struct wire w;
+    memset(out, 0, sizeof(*out));
+    int r = parse(body, len, ct, s, "PotentialLoadsRequest", potential_fields,
+                  KVI_ARRAY_LEN(potential_fields), &w, err);
+    if (r != 0)
+        return r;
+    out->key = key_of(&w);
+    out->hashes = w.hashes;
+    out->n_hashes = w.n_hashes;
+    out->new_isl_tokens = w.new_isl_tokens;
+    return 0;
+}
+
+int kvi_slot_parse_filter(const char *query, size_t len, struct kvi_scratch *s,
+                          struct kvi_slots_key *out, struct kvi_api_err *err)
+{
+    struct kvi_dyn_workers_filter f;
+    memset(out, 0, sizeof(*out));
+    int r = kvi_dyn_parse_workers_filter(query, len, s, &f, err);
+    if (r != 0)
+        return r;
+    if (f.has_model) {
+        out->model = f.model_name.p != NULL ? f.model_name.p : "";
+        out->model_len = f.model_name.len;
+    }
+    if (f.has_tenant) {
+        out->tenant = f.tenant_id.p != NULL ? f.tenant_id.p : "";
+        out->tenant_len = f.tenant_id.len;
+    }
+    return 0;
+}
+
+int kvi_slot_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
+                        struct kvi_str *url, struct kvi_api_err *err)
+{
+    struct wire w;
+    url->p = NULL;
+    url->len = 0;
+    int r = parse(body, len, ct, s, "PeerRequest", peer_fields, KVI_ARRAY_LEN(peer_fields), &w,
+                  err);
+    if (r == 0)
+        *url = w.url;
+    return r;
+}
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+#define SK(p, n) (int)((n) > 200 ? 200 : (n)), ((n) > 0 ? (p) : "")
+
+int kvi_slot_err_engine(struct kvi_api_err *e, const struct kvi_slots_err *why,
+                        const struct kvi_slots_key *key, const char *request_id,
+                        size_t request_id_len)
+{
+    const char *m = key->model, *t = key->tenant, *rid = request_id;
+    size_t ml = key->model_len, tl = key->tenant_len, rl = request_id != NULL ? request_id_len : 0;
+    unsigned long long id = (unsigned long long)why->worker_id;
+    switch (why->why) {
+    case KVI_SLOTS_E_BLOCK_SIZE:
+        return kvi_err__set(e, 400, NULL, NULL, -1, "block_size must be greater than 0");
+    case KVI_SLOTS_E_DP_SIZE:
+        return kvi_err__set(e, 400, NULL, NULL, -1, "dp_size must be greater than 0");
+    case KVI_SLOTS_E_DP_RANGE:
+        return kvi_err__set(e, 400, NULL, NULL, -1, "dp range overflows u32: start=%u size=%u",
+                            why->dp_start, why->dp_size);
+    case KVI_SLOTS_E_BLOCK_SIZE_MISMATCH:
+        return kvi_err__set(e, 409, NULL, NULL, -1,
+                            "block_size mismatch for model=%.*s tenant=%.*s: existing=%u, "
+                            "requested=%u",
+                            SK(m, ml), SK(t, tl), why->existing_block_size,
+                            why->requested_block_size);
+    case KVI_SLOTS_E_DUP_WORKER:
+        return kvi_err__set(e, 409, NULL, NULL, -1,
+                            "worker %llu already registered for model=%.*s tenant=%.*s", id,
+                            SK(m, ml), SK(t, tl));
+    case KVI_SLOTS_E_NO_WORKER:
+        return kvi_err__set(e, 404, NULL, NULL, -1, "worker %llu not found for model=%.*s tenant=%.*s",
+                            id, SK(m, ml), SK(t, tl));
+    case KVI_SLOTS_E_NO_TRACKER:
+        return kvi_err__set(e, 404, NULL, NULL, -1, "no slot tracker for model=%.*s tenant=%.*s",
+                            SK(m, ml), SK(t, tl));
+    case KVI_SLOTS_E_NO_RANK:
+        return kvi_err__set(e, 404, NULL, NULL, -1,
+                            "Worker WorkerWithDpRank { worker_id: %llu, dp_rank: %u } not found", id,
+                            why->dp_rank);
+    case KVI_SLOTS_E_DUP_REQUEST:
+        return kvi_err__set(e, 409, NULL, NULL, -1,
+                            "Request %.*s already exists (assigned to worker WorkerWithDpRank { "
+                            "worker_id: %llu, dp_rank: %u })",
+                            SK(rid, rl), id, why->dp_rank);
+    case KVI_SLOTS_E_NO_REQUEST:
+        return kvi_err__set(e, 404, NULL, NULL, -1, "Request %.*s not found", SK(rid, rl));
+    case KVI_SLOTS_E_TOO_MANY_RANKS:
+        return kvi_err__set(e, 400, NULL, NULL, -1,
+                            "too many ranks for model=%.*s tenant=%.*s: %u registered, dp_size=%u, "
+                            "limit %u",
+                            SK(m, ml), SK(t, tl), why->ranks, why->dp_size, why->max_ranks);
+    case KVI_SLOTS_OK:
+        break;
+    }
+    return kvi_err__set(e, 500, NULL, NULL, -1, "internal error");
+}
+
+int kvi_slot_err_route_not_found(struct kvi_api_err *e)
+{
+    return kvi_err__set(e, 404, NULL, NULL, -1, "route not found");
+}
+
+int kvi_slot_err_method(struct kvi_api_err *e)
+{
+    return kvi_err__set(e, 405, NULL, NULL, -1, "method not allowed");
+}
+
+int kvi_slot_err_too_large(struct kvi_api_err *e)
+{
+    return kvi_err__set(e, 413, NULL, NULL, -1,
+                        "Failed to buffer the request body: length limit exceeded");
+}
+
+int kvi_slot_err_sync_disabled(struct kvi_api_err *e)
+{
+    return kvi_err__set(e, 409, NULL, NULL, -1, "replica sync is disabled");
+}
+
+int kvi_slot_err_peer_not_found(struct kvi_api_err *e)
+{
+    return kvi_err__set(e, 404, NULL, NULL, -1, "peer not found");
+}
+
+int kvi_slot_encode_err(const struct kvi_api_err *e, struct kvi_buf *out, const char **content_type)
+{
+    return kvi_err_encode(e, KVI_DIALECT_DYNAMO, KVI_ENC_JSON, out, content_type);
+}
+
+/* ---- responses ------------------------------------------------------------------------------ */
+
+static int done(const struct kvi_buf *out)
+{
+    return kvi_buf_ok(out) ? 0 : -ENOMEM;
+}
+
+int kvi_slot_encode_ok(struct kvi_buf *out)
+{
+    kvi_buf_puts(out, "{\"status\":\"ok\"}");
+    return done(out);
+}
+
+int kvi_slot_encode_workers(const struct kvi_slots_worker *ws, size_t n, struct kvi_buf *out)
+{
+    struct kvi_wr w;
+    kvi_wr_init(&w, out, KVI_ENC_JSON);
+    kvi_wr_arr(&w, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        const struct kvi_slots_worker *x = &ws[i];
+        kvi_wr_obj(&w, 6);
+        kvi_wr_keyz(&w, "worker_id");
+        kvi_wr_u64(&w, x->worker_id);
+        kvi_wr_keyz(&w, "model_name");
+        kvi_wr_str(&w, x->model, x->model_len);
+        kvi_wr_keyz(&w, "tenant_id");
+        kvi_wr_str(&w, x->tenant, x->tenant_len);
+        kvi_wr_keyz(&w, "block_size");
+        kvi_wr_u64(&w, x->block_size);
+        kvi_wr_keyz(&w, "dp_start");
+        kvi_wr_u64(&w, x->dp_start);
+        kvi_wr_keyz(&w, "dp_size");
+        kvi_wr_u64(&w, x->dp_size);
+        kvi_wr_end(&w);
+    }
+    kvi_wr_end(&w);
+    return done(out);
+}
+
+int kvi_slot_encode_loads(const struct kvi_slots_load *ls, size_t n, struct kvi_buf *out)
+{
+    struct kvi_wr w;
+    kvi_wr_init(&w, out, KVI_ENC_JSON);
+    kvi_wr_arr(&w, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        const struct kvi_slots_load *x = &ls[i];
+        kvi_wr_obj(&w, 6);
+        kvi_wr_keyz(&w, "model_name");
+        kvi_wr_str(&w, x->model, x->model_len);
+        kvi_wr_keyz(&w, "tenant_id");
+        kvi_wr_str(&w, x->tenant, x->tenant_len);
+        kvi_wr_keyz(&w, "worker_id");
+        kvi_wr_u64(&w, x->worker_id);
+        kvi_wr_keyz(&w, "dp_rank");
+        kvi_wr_u64(&w, x->dp_rank);
+        kvi_wr_keyz(&w, "active_prefill_tokens");
+        kvi_wr_u64(&w, x->active_prefill_tokens);
+        kvi_wr_keyz(&w, "active_decode_blocks");
+        kvi_wr_u64(&w, x->active_decode_blocks);
+        kvi_wr_end(&w);
+    }
+    kvi_wr_end(&w);
+    return done(out);
+}
+
+int kvi_slot_encode_potential(const struct kvi_slots_potential *ps, size_t n, struct kvi_buf *out)
+{
+    struct kvi_wr w;
+    kvi_wr_init(&w, out, KVI_ENC_JSON);
+    kvi_wr_arr(&w, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        const struct kvi_slots_potential *x = &ps[i];
+        kvi_wr_obj(&w, 5);
+        kvi_wr_keyz(&w, "worker_id");
+        kvi_wr_u64(&w, x->worker_id);
+        kvi_wr_keyz(&w, "dp_rank");
+        kvi_wr_u64(&w, x->dp_rank);
+        kvi_wr_keyz(&w, "potential_prefill_tokens");
+        kvi_wr_u64(&w, x->potential_prefill_tokens);
+        kvi_wr_keyz(&w, "potential_decode_blocks");
+        kvi_wr_u64(&w, x->potential_decode_blocks);
+        kvi_wr_keyz(&w, "active_requests");
+        kvi_wr_u64(&w, x->active_requests);
+        kvi_wr_end(&w);
+    }
+    kvi_wr_end(&w);
+    return done(out);
+}
+
+static int str_ptr_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int kvi_slot_encode_peers(const char *const *urls, size_t n, struct kvi_buf *out)
+{
+    const char **sorted = kvi_xmalloc((n ? n : 1) * sizeof(*sorted));
+    if (n > 0)
+        memcpy(sorted, urls, n * sizeof(*sorted));
+    if (n > 1)
+        qsort(sorted, n, sizeof(*sorted), str_ptr_cmp);
+    struct kvi_wr w;
+    kvi_wr_init(&w, out, KVI_ENC_JSON);
+    kvi_wr_arr(&w, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        kvi_wr_strz(&w, sorted[i]);
+    kvi_wr_end(&w);
+    free(sorted);
+    return done(out);
+}
