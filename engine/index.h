@@ -16,7 +16,12 @@
  *       for a given parent, so two children of one parent never collide);
  *     - the standard RFC 1527 rolling sequence hash S (engine/hash.h), used by
  *       kvi_index_find_matches_by_seq and by publishers that follow the
- *       standard.
+ *       standard. A partition builds its S table only once something needs
+ *       it (a store given seq hashes, or a query by seq hashes); until then
+ *       a query by seq hashes follows the chain from the root through child
+ *       links (exact, one dependent access per position) and asks the
+ *       partition's writer to build the table at its next mutation or
+ *       kvi_index_reclaim.
  *
  * SEMANTICS (../shared/reference/index-semantics.md)
  *   - A slot's score is the length of the contiguous prefix it holds along the

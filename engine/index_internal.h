@@ -50,6 +50,11 @@ struct kvi_mset {
     struct kvi_member m[];
 };
 
+#define KVI_UP_PARENT ((1u << KVI_ENTRY_IDX_BITS) - 1) /* in entry.up: the parent entry */
+#define KVI_UP_NO_CONTENT 0x80000000u                  /* in entry.up: placed by seq hash without
+                                                        * tokens: content and prefix key unknown
+                                                        * (key is a seq-derived stand-in) */
+
 /*
  * One distinct prefix. 64 bytes: one cache line. Fields marked R are read by
  * queries; the others are private to the partition's writer.
@@ -60,16 +65,13 @@ struct kvi_entry {
     _Atomic uint32_t gpu_n;          /* R: gpu members (release by writer) */
     _Atomic uint32_t one;            /* R: the member slot when many == NULL; 0 = none
                                       * (stale while many != NULL) */
-    uint32_t parent;                 /* parent entry, KVI_NONE at the root */
+    uint32_t up;                     /* parent entry (KVI_NONE at a root) | KVI_UP_NO_CONTENT */
     _Atomic(struct kvi_mset *) many; /* R: member array once >1 member was seen */
-    uint64_t seq;                    /* R (by_seq): standard seq hash, immutable */
+    uint64_t seq;                    /* R (by seq): standard seq hash, immutable */
     uint64_t content;                /* content hash (0 while no_content) */
     uint64_t one_eh;                 /* engine hash of the single member */
-    uint32_t first_child;
-    uint32_t next_sibling : KVI_ENTRY_IDX_BITS;
-    uint32_t no_content : 1; /* placed by seq hash without tokens: content and
-                              * prefix key unknown (key is a seq-derived stand-in) */
-    uint32_t _flags : 31 - KVI_ENTRY_IDX_BITS;
+    _Atomic uint32_t first_child;    /* R (seq walks): children, linked with release */
+    _Atomic uint32_t next_sibling;   /* R (seq walks) */
 };
 _Static_assert(sizeof(struct kvi_entry) == KVI_CACHE_LINE, "entry is one cache line");
 
@@ -80,6 +82,7 @@ struct kvi_tab {
     uint32_t used; /* live + tombstones */
     uint32_t live;
     uint32_t shift; /* 64 - log2(capacity): home slot = top bits of the tag */
+    size_t mapped;  /* bytes mapped with mmap (huge-page tables); 0: malloc'd */
     _Atomic uint64_t s[];
 };
 
@@ -115,13 +118,15 @@ struct kvi_slotlist {
 struct kvi_retired {
     void *p;
     size_t bytes;
+    size_t unmap; /* != 0: munmap(p, unmap) rather than free(p) */
 };
 
 /* Per-partition state, written by one writer thread. Separate cache lines
  * keep the writers' counters from sharing lines. */
 struct kvi_part {
     struct kvi_table ktab; /* prefix key K -> entry */
-    struct kvi_table stab; /* standard seq hash S -> entry */
+    struct kvi_table stab; /* standard seq hash S -> entry; NULL until something needs it
+                            * (seq stores, seq queries): built then, maintained after */
     struct kvi_entry *_Atomic chunks[KVI_ENTRY_CHUNKS_MAX];
     uint32_t n_chunks;
     uint32_t next_fresh; /* next never-used entry index */
@@ -168,6 +173,8 @@ struct kvi_index {
     _Atomic bool has_shared;
     _Atomic bool has_seq_only; /* some prefix was placed by seq hash alone: content
                                 * queries then go through the seq table */
+    _Atomic bool seq_wanted;   /* seq tables are needed: each writer builds its
+                                * partition's at its next mutation or reclaim */
 
     /* instances: chunked; interning under inst_lock */
     pthread_mutex_t inst_lock;

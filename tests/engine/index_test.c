@@ -1693,6 +1693,47 @@ SCENARIO(known_positional_root, 16)
     free(s);
 }
 
+/* Whether a token-less lower-tier block hangs below its parent is decided when
+ * it is stored: a block stored while no tier of the worker held its parent
+ * stays a root of its slot even after the slot gains the parent, so removing
+ * the parent there leaves it (as for a block placed by position). */
+SCENARIO(known_root_decided_at_store, 16)
+{
+    f->tiered_same = false;
+    uint64_t c[4] = {1, 2, 3, 4};
+    uint64_t *s = fx_seqs(c, 4);
+    uint32_t w0 = fx_w(f, 0);
+    STORE(f, w0, c, 0, 4);
+    size_t unres = 99;
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_CPU, s + 2, 1, &unres), 1); /* below the gpu's [2] */
+    CHECK_EQ(REMOVE(f, w0, c, 1, 2), 1); /* the gpu keeps [1] only */
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_DISK, s + 2, 1, &unres), 1); /* no tier holds [2]: a root */
+    STORE(f, w0, c, 1, 2); /* the gpu holds [1,2] again */
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_DISK, s + 1, 1, &unres), 1); /* below the gpu's [1] */
+    struct fx_snap sn;
+    struct fx_tuple rows[4];
+    fx_snapshot(f->ix, __LINE__, &sn);
+    CHECK_EQ(snap_rows(&sn, 0, KVI_TIER_DISK, rows, 4), 2);
+    CHECK(rows[0].pos == 1 && rows[0].has_parent && rows[0].peh == s[0]);
+    CHECK(rows[1].pos == 2 && !rows[1].has_parent);
+    fx_snap_free(&sn);
+    /* removing [2] from the disk leaves the root [3] */
+    CHECK_EQ(fx_remove_tier(f, w0, 0, KVI_TIER_DISK, c, 1, 2, false), 1);
+    fx_snapshot(f->ix, __LINE__, &sn);
+    CHECK_EQ(snap_rows(&sn, 0, KVI_TIER_DISK, rows, 4), 1);
+    CHECK(rows[0].pos == 2 && rows[0].eh == s[2]);
+    fx_snap_free(&sn);
+    /* a block stored below a held parent is taken along */
+    CHECK_EQ(kvi_index_store_known(f->ix, w0, 0, KVI_TIER_CPU, s + 1, 1, &unres), 1);
+    CHECK_EQ(fx_remove_tier(f, w0, 0, KVI_TIER_CPU, c, 1, 2, false), 1);
+    fx_snapshot(f->ix, __LINE__, &sn);
+    CHECK_EQ(snap_rows(&sn, 0, KVI_TIER_CPU, rows, 4), 0);
+    fx_snap_free(&sn);
+    const struct fx_q qs[] = {{c, 4}};
+    fx_round_trip(f, __LINE__, qs, ARRAY_LEN(qs));
+    free(s);
+}
+
 /* RFC 1527 token-less stores (a Mooncake master): a shared pool names blocks
  * by their seq hashes. Prefixes the pool's partition has are reused (content
  * known; entries are per partition); the others are placed by seq alone
@@ -1974,6 +2015,117 @@ static void test_released_entry_names_no_member(void **state)
     kvi_index_destroy(ix);
 }
 
+static size_t seq_matches(struct kvi_index *ix, const uint64_t *seq, size_t n, struct kvi_match *out)
+{
+    kvi_rcu_read_lock();
+    size_t r = kvi_index_find_matches_by_seq(ix, seq, n, out, 16);
+    kvi_rcu_read_unlock();
+    qsort(out, r < 16 ? r : 16, sizeof *out, fx_cmp_match);
+    return r;
+}
+
+/*
+ * Seq tables are built on demand: content stores leave them out; a query by
+ * seq hashes in a partition without one walks child links (exact answers)
+ * and asks for them; each writer builds its partition's table at its next
+ * mutation or reclaim (skipping freed entries) and maintains it after; a
+ * store given seq hashes builds it at once.
+ */
+static void test_seq_table_on_demand(void **state)
+{
+    (void)state;
+    struct kvi_index_config cfg = {.block_size = 16, .n_parts = 2, .jump = 4, .key_seed = 11};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    uint32_t w0 = (uint32_t)kvi_index_intern_instance(ix, 10, NULL, false); /* partition 0 */
+    uint32_t w1 = (uint32_t)kvi_index_intern_instance(ix, 11, NULL, false); /* partition 1 */
+    uint32_t w2 = (uint32_t)kvi_index_intern_instance(ix, 12, NULL, false); /* partition 0 */
+    assert_int_equal(kvi_index_partition_of(ix, w0), kvi_index_partition_of(ix, w2));
+    enum { N = 50 };
+    uint64_t a[N], b[N], sa[N], sb[N];
+    fx_range(a, N, 1);
+    memcpy(b, a, sizeof b);
+    b[20] = 999; /* b branches from a at position 20 */
+    kvi_seq_hashes(a, N, sa);
+    kvi_seq_hashes(b, N, sb);
+    struct kvi_block blk[N];
+    for (uint32_t i = 0; i < N; i++)
+        blk[i] = (struct kvi_block){sa[i], a[i]};
+    assert_int_equal(kvi_index_store(ix, w0, 0, KVI_TIER_GPU, false, 0, blk, N), 0);
+    assert_int_equal(kvi_index_store(ix, w1, 0, KVI_TIER_GPU, false, 0, blk, 30), 0);
+    /* freed entries in partition 0 before any seq table exists */
+    for (uint32_t i = 0; i < N; i++)
+        blk[i] = (struct kvi_block){sb[i] ^ 1, b[i]};
+    assert_int_equal(kvi_index_store(ix, w2, 0, KVI_TIER_GPU, false, 0, blk, N), 0);
+    uint64_t gone = sb[35] ^ 1;
+    assert_int_equal(kvi_index_remove(ix, w2, 0, KVI_TIER_GPU, &gone, 1), 1);
+    for (uint32_t pi = 0; pi < 2; pi++)
+        assert_null(atomic_load(&ix->parts[pi].stab.t));
+    assert_false(atomic_load(&ix->seq_wanted));
+    struct kvi_index_stats st0;
+    kvi_index_stats(ix, &st0);
+
+    /* answers through seq walks */
+    struct kvi_match m[16];
+    assert_int_equal(seq_matches(ix, sa, N, m), 3);
+    assert_int_equal(m[0].depth, N);
+    assert_int_equal(m[1].depth, 30);
+    assert_int_equal(m[2].depth, 20);
+    assert_int_equal(seq_matches(ix, sb, N, m), 3);
+    assert_int_equal(m[0].depth, 20);
+    assert_int_equal(m[1].depth, 20);
+    assert_int_equal(m[2].depth, 35);
+    assert_true(atomic_load(&ix->seq_wanted));
+    for (uint32_t pi = 0; pi < 2; pi++)
+        assert_null(atomic_load(&ix->parts[pi].stab.t)); /* readers never build */
+
+    /* partition 0 builds at its writer's reclaim; mixed answers agree */
+    kvi_index_reclaim(ix, 0);
+    struct kvi_tab *t0 = atomic_load(&ix->parts[0].stab.t);
+    assert_non_null(t0);
+    assert_int_equal(t0->live, atomic_load(&ix->parts[0].entries)); /* freed entries left out */
+    assert_null(atomic_load(&ix->parts[1].stab.t));
+    assert_int_equal(seq_matches(ix, sb, N, m), 3);
+    assert_int_equal(m[2].depth, 35);
+    /* partition 1 builds at its writer's next mutation */
+    uint64_t unknown = 0x1234;
+    assert_int_equal(kvi_index_remove(ix, w1, 0, KVI_TIER_GPU, &unknown, 1), 0);
+    assert_non_null(atomic_load(&ix->parts[1].stab.t));
+    struct kvi_index_stats st1;
+    kvi_index_stats(ix, &st1);
+    assert_true(st1.bytes > st0.bytes);
+    assert_int_equal(st1.entries, st0.entries);
+    /* maintained from now on */
+    uint64_t cut = sa[10];
+    assert_int_equal(kvi_index_remove(ix, w0, 0, KVI_TIER_GPU, &cut, 1), 1);
+    for (uint32_t i = 0; i < N; i++)
+        blk[i] = (struct kvi_block){sa[i] ^ 7, a[i]};
+    assert_int_equal(kvi_index_store(ix, w1, 1, KVI_TIER_GPU, false, 0, blk, 40), 0);
+    assert_int_equal(seq_matches(ix, sa, N, m), 4);
+    uint32_t depths[4] = {m[0].depth, m[1].depth, m[2].depth, m[3].depth};
+    assert_int_equal(depths[0], 10);
+    assert_int_equal(depths[1], 30);
+    assert_int_equal(depths[2], 20); /* w2 */
+    assert_int_equal(depths[3], 40); /* w1 rank 1: the newest slot */
+    assert_int_equal(atomic_load(&ix->parts[0].stab.t)->live, atomic_load(&ix->parts[0].entries));
+    assert_int_equal(atomic_load(&ix->parts[1].stab.t)->live, atomic_load(&ix->parts[1].entries));
+    kvi_index_destroy(ix);
+
+    /* a store given seq hashes builds its partition's table at once */
+    ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    w0 = (uint32_t)kvi_index_intern_instance(ix, 10, NULL, false);
+    for (uint32_t i = 0; i < N; i++)
+        blk[i] = (struct kvi_block){sa[i], a[i]};
+    assert_int_equal(kvi_index_store_seq(ix, w0, 0, KVI_TIER_GPU, false, 0, 0, blk, sa, 5), 0);
+    assert_non_null(atomic_load(&ix->parts[0].stab.t));
+    assert_null(atomic_load(&ix->parts[1].stab.t));
+    assert_true(atomic_load(&ix->seq_wanted));
+    assert_int_equal(seq_matches(ix, sa, N, m), 1);
+    assert_int_equal(m[0].depth, 5);
+    kvi_index_destroy(ix);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -2050,9 +2202,11 @@ int main(void)
         cmocka_unit_test(test_known_gpu_rules),
         cmocka_unit_test(test_known_renames),
         cmocka_unit_test(test_known_positional_root),
+        cmocka_unit_test(test_known_root_decided_at_store),
         cmocka_unit_test(test_seq_only_pool),
         cmocka_unit_test(test_seq_only_gpu),
         cmocka_unit_test(test_released_entry_names_no_member),
+        cmocka_unit_test(test_seq_table_on_demand),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

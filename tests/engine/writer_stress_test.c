@@ -19,6 +19,7 @@
 #include "engine/index.h"
 #include "engine/rcu.h"
 #include "engine/writer.h"
+#include "writer_fixture.h"
 
 /*
  * DESIGN: NPROD producer threads each own a disjoint set of instances (spread
@@ -67,14 +68,6 @@
 #endif
 
 /* ---- corpus ------------------------------------------------------------------ */
-
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 static uint64_t g_content[NCHAIN][LEN];
 static uint64_t g_seq[NCHAIN][LEN];
@@ -208,48 +201,6 @@ static struct kvi_op *gen_op(uint64_t *rng, uint32_t prod, struct kvi_index *ix)
     return op;
 }
 
-static enum kvi_op_outcome apply_direct(struct kvi_index *ref, const struct kvi_op *op, uint64_t *unknown)
-{
-    int r = 0;
-    *unknown = 0;
-    switch (op->type) {
-    case KVI_OP_STORE_KNOWN: {
-        size_t u = 0;
-        (void)kvi_index_store_known(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n, &u);
-        *unknown = u;
-        break;
-    }
-    case KVI_OP_STORE_SEQ_ONLY: {
-        uint64_t eh[LEN];
-        for (uint32_t i = 0; i < op->n; i++)
-            eh[i] = op->blocks[i].engine_hash;
-        r = kvi_index_store_seq_only(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
-                                     op->parent_engine_hash, op->position, eh, op->seq, op->n);
-        break;
-    }
-    case KVI_OP_STORE:
-        if (op->seq != NULL)
-            r = kvi_index_store_seq(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
-                                    op->parent_engine_hash, op->position, op->blocks, op->seq, op->n);
-        else
-            r = kvi_index_store(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
-                                op->parent_engine_hash, op->blocks, op->n);
-        break;
-    case KVI_OP_REMOVE:
-        (void)kvi_index_remove(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n);
-        break;
-    case KVI_OP_CLEAR:
-        kvi_index_clear(ref, op->instance);
-        break;
-    case KVI_OP_REMOVE_DP_RANK:
-        kvi_index_remove_dp_rank(ref, op->instance, op->dp_rank);
-        break;
-    default:
-        return KVI_OUT_INVALID;
-    }
-    return r == -ENOENT ? KVI_OUT_PARENT_NOT_FOUND : r < 0 ? KVI_OUT_INVALID : KVI_OUT_APPLIED;
-}
-
 /* ---- failures recorded off the main thread ------------------------------------ */
 
 static atomic_uint g_fail;
@@ -278,13 +229,6 @@ static void assert_no_failure(void)
 }
 
 /* ---- dump rows ------------------------------------------------------------------ */
-
-struct row {
-    uint32_t inst, rank, tier, pos;
-    uint64_t eh, content, seq, parent_eh;
-    bool has_parent;
-    bool no_content;
-};
 
 struct snap {
     struct row *r;
@@ -329,42 +273,8 @@ static void snap_emit(void *ctx, const struct kvi_dump_block *b)
             abort();
     }
     struct row *r = &s->r[s->n++];
-    memset(r, 0, sizeof *r);
-    r->inst = b->instance;
-    r->rank = b->dp_rank;
-    r->tier = (uint32_t)b->tier;
-    r->pos = b->position;
-    r->eh = b->engine_hash;
-    r->content = b->content_hash;
-    r->seq = b->seq_hash;
-    r->has_parent = b->has_parent;
-    r->parent_eh = b->parent_engine_hash;
-    r->no_content = b->no_content;
+    row_fill(r, b);
     check_row(r);
-}
-
-#define CMP(a, b)                                                                                                      \
-    do {                                                                                                               \
-        if ((a) != (b))                                                                                                \
-            return (a) < (b) ? -1 : 1;                                                                                 \
-    } while (0)
-
-/* Content hashes are left out: whether a block stored without tokens knows
- * its content depends on which producer's store reached its entry first (an
- * interleaving the reference cannot reproduce); check_row checks every known
- * content against the corpus instead. */
-static int row_cmp(const void *x, const void *y)
-{
-    const struct row *a = x, *b = y;
-    CMP(a->inst, b->inst);
-    CMP(a->rank, b->rank);
-    CMP(a->tier, b->tier);
-    CMP(a->eh, b->eh);
-    CMP(a->parent_eh, b->parent_eh);
-    CMP(a->has_parent, b->has_parent);
-    CMP(a->pos, b->pos);
-    CMP(a->seq, b->seq);
-    return 0;
 }
 
 /* ---- producers --------------------------------------------------------------------- */
@@ -543,20 +453,6 @@ static void *reader_main(void *arg)
 
 /* ---- final comparison ------------------------------------------------------------------ */
 
-struct qrow {
-    uint32_t inst, rank, depth, tree;
-};
-
-static int qrow_cmp(const void *x, const void *y)
-{
-    const struct qrow *a = x, *b = y;
-    CMP(a->inst, b->inst);
-    CMP(a->rank, b->rank);
-    CMP(a->depth, b->depth);
-    CMP(a->tree, b->tree);
-    return 0;
-}
-
 static size_t query(const struct kvi_index *ix, uint32_t c, uint32_t len, bool by_seq, struct qrow *out)
 {
     struct kvi_match m[QCAP];
@@ -585,10 +481,14 @@ static void compare_with_reference(struct run *run, struct kvi_index *ref)
     for (uint32_t part = 0; part < kvi_index_n_parts(ref); part++)
         kvi_index_dump_partition(ref, part, snap_emit, &want);
     assert_no_failure();
-    qsort(got.r, got.n, sizeof *got.r, row_cmp);
-    qsort(want.r, want.n, sizeof *want.r, row_cmp);
+    /* content hashes left out (row_cmp_identity): whether a block stored
+     * without tokens knows its content depends on which producer's store
+     * reached its entry first, an interleaving the reference cannot
+     * reproduce; check_row checks every known content against the corpus */
+    qsort(got.r, got.n, sizeof *got.r, row_cmp_identity);
+    qsort(want.r, want.n, sizeof *want.r, row_cmp_identity);
     size_t i = 0;
-    while (i < got.n && i < want.n && row_cmp(&got.r[i], &want.r[i]) == 0)
+    while (i < got.n && i < want.n && row_cmp_identity(&got.r[i], &want.r[i]) == 0)
         i++;
     if (i < got.n || i < want.n)
         fprintf(stderr, "snapshots differ: %zu rows vs %zu expected, first difference at row %zu\n", got.n, want.n,

@@ -21,6 +21,7 @@
 #include "engine/rcu.h"
 #include "engine/ring.h"
 #include "engine/writer.h"
+#include "writer_fixture.h"
 
 /*
  * DESIGN: most tests build an op stream with the helpers below and, before
@@ -43,14 +44,6 @@
 #define MAX_MATCH 256
 
 /* ---- corpus: chains of content hashes, engine hashes per slot ------------- */
-
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 static uint64_t g_content[NCHAIN][CHAIN_LEN];
 static uint64_t g_seq[NCHAIN][CHAIN_LEN];
@@ -187,57 +180,6 @@ static struct kvi_op *op_simple(struct kvi_index *ix, enum kvi_op_type type, uin
     return op;
 }
 
-/* Apply op to ref directly, exactly as a writer would; return the outcome
- * (*unknown: STORE_KNOWN hashes that resolved to nothing). */
-static enum kvi_op_outcome apply_direct_n(struct kvi_index *ref, const struct kvi_op *op, uint64_t *unknown)
-{
-    int r = 0;
-    *unknown = 0;
-    switch (op->type) {
-    case KVI_OP_STORE_KNOWN: {
-        size_t u = 0;
-        (void)kvi_index_store_known(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n, &u);
-        *unknown = u;
-        break;
-    }
-    case KVI_OP_STORE_SEQ_ONLY: {
-        if (op->seq == NULL)
-            return KVI_OUT_INVALID;
-        uint64_t *eh = malloc((op->n + 1) * sizeof *eh);
-        assert_non_null(eh);
-        for (uint32_t i = 0; i < op->n; i++)
-            eh[i] = op->blocks[i].engine_hash;
-        r = kvi_index_store_seq_only(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
-                                     op->parent_engine_hash, op->position, eh, op->seq, op->n);
-        free(eh);
-        break;
-    }
-    case KVI_OP_STORE:
-        if (op->seq != NULL)
-            r = kvi_index_store_seq(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
-                                    op->parent_engine_hash, op->position, op->blocks, op->seq, op->n);
-        else
-            r = kvi_index_store(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->has_parent,
-                                op->parent_engine_hash, op->blocks, op->n);
-        break;
-    case KVI_OP_REMOVE:
-        (void)kvi_index_remove(ref, op->instance, op->dp_rank, (enum kvi_tier)op->tier, op->hashes, op->n);
-        break;
-    case KVI_OP_CLEAR:
-        kvi_index_clear(ref, op->instance);
-        break;
-    case KVI_OP_REMOVE_DP_RANK:
-        kvi_index_remove_dp_rank(ref, op->instance, op->dp_rank);
-        break;
-    case KVI_OP_REMOVE_INSTANCE:
-        kvi_index_remove_instance(ref, op->instance);
-        break;
-    default:
-        return KVI_OUT_INVALID;
-    }
-    return r == -ENOENT ? KVI_OUT_PARENT_NOT_FOUND : r < 0 ? KVI_OUT_INVALID : KVI_OUT_APPLIED;
-}
-
 /* Bookkeeping of what was submitted, for the writer counters. */
 struct expect {
     uint64_t ops;
@@ -261,7 +203,7 @@ static void expect_note(struct expect *e, const struct kvi_op *op, enum kvi_op_o
 static void mirror_submit(struct kvi_producer *p, struct kvi_index *ref, struct expect *e, struct kvi_op *op)
 {
     uint64_t unknown = 0;
-    enum kvi_op_outcome out = ref ? apply_direct_n(ref, op, &unknown) : KVI_OUT_APPLIED;
+    enum kvi_op_outcome out = ref ? apply_direct(ref, op, &unknown) : KVI_OUT_APPLIED;
     if (e)
         expect_note(e, op, out, unknown);
     kvi_producer_submit(p, op);
@@ -273,7 +215,7 @@ static void mirror_submit_burst(struct kvi_producer *p, struct kvi_index *ref, s
 {
     for (size_t i = 0; i < n; i++) {
         uint64_t unknown = 0;
-        enum kvi_op_outcome out = ref ? apply_direct_n(ref, ops[i], &unknown) : KVI_OUT_APPLIED;
+        enum kvi_op_outcome out = ref ? apply_direct(ref, ops[i], &unknown) : KVI_OUT_APPLIED;
         if (e)
             expect_note(e, ops[i], out, unknown);
     }
@@ -293,13 +235,6 @@ static struct kvi_index *index_new(uint32_t n_parts, uint32_t n_inst)
 }
 
 /* ---- canonical snapshots ----------------------------------------------------- */
-
-struct row {
-    uint32_t inst, rank, tier, pos;
-    uint64_t eh, content, seq, parent_eh;
-    bool has_parent;
-    bool no_content;
-};
 
 struct snap {
     struct row *r;
@@ -323,18 +258,7 @@ static void snap_emit(void *ctx, const struct kvi_dump_block *b)
         if (s->r == NULL || s->thr == NULL)
             abort();
     }
-    struct row *r = &s->r[s->n];
-    memset(r, 0, sizeof *r);
-    r->inst = b->instance;
-    r->rank = b->dp_rank;
-    r->tier = (uint32_t)b->tier;
-    r->pos = b->position;
-    r->eh = b->engine_hash;
-    r->content = b->content_hash;
-    r->seq = b->seq_hash;
-    r->has_parent = b->has_parent;
-    r->parent_eh = b->parent_engine_hash;
-    r->no_content = b->no_content;
+    row_fill(&s->r[s->n], b);
     s->thr[s->n] = pthread_self();
     s->n++;
     atomic_fetch_sub(&s->concurrent, 1);
@@ -345,28 +269,6 @@ static void snap_free(struct snap *s)
     free(s->r);
     free(s->thr);
     memset(s, 0, sizeof *s);
-}
-
-#define CMP(a, b)                                                                                                      \
-    do {                                                                                                               \
-        if ((a) != (b))                                                                                                \
-            return (a) < (b) ? -1 : 1;                                                                                 \
-    } while (0)
-
-static int row_cmp(const void *x, const void *y)
-{
-    const struct row *a = x, *b = y;
-    CMP(a->inst, b->inst);
-    CMP(a->rank, b->rank);
-    CMP(a->tier, b->tier);
-    CMP(a->eh, b->eh);
-    CMP(a->content, b->content);
-    CMP(a->parent_eh, b->parent_eh);
-    CMP(a->has_parent, b->has_parent);
-    CMP(a->pos, b->pos);
-    CMP(a->seq, b->seq);
-    CMP(a->no_content, b->no_content);
-    return 0;
 }
 
 /* Dump every partition of ix on this thread (ix has no writer running). */
@@ -419,20 +321,6 @@ static void assert_dump_equal(struct kvi_producer *p, struct kvi_index *ix, stru
 }
 
 /* ---- queries ------------------------------------------------------------------ */
-
-struct qrow {
-    uint32_t inst, rank, depth, tree;
-};
-
-static int qrow_cmp(const void *x, const void *y)
-{
-    const struct qrow *a = x, *b = y;
-    CMP(a->inst, b->inst);
-    CMP(a->rank, b->rank);
-    CMP(a->depth, b->depth);
-    CMP(a->tree, b->tree);
-    return 0;
-}
 
 /* Gpu matches of chain c's first len blocks, sorted. by_seq: query by seq. */
 static size_t query(const struct kvi_index *ix, uint32_t c, uint32_t len, bool by_seq, struct qrow *out)
