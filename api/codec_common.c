@@ -656,7 +656,7 @@ static int parse_hash_profile(struct kvi_pctx *c, const struct kvi_field *f, voi
             }
         }
         char fname[64];
-        snprintf(fname, sizeof(fname), "hash_profile.%.*s", (int)key.len, key.p);
+        snprintf(fname, sizeof(fname), "hash_profile.%.*s", (int)kvi_utf8_prefix(key.p, key.len, 48), key.p);
         return cond_err(c, "invalid_type", fname, -1, "%s must be a string", fname);
     }
     return r < 0 ? body_err(c) : 0;
@@ -712,7 +712,7 @@ static int parse_fields(struct kvi_pctx *c, const struct kvi_field *f, size_t nf
         if (fi == NULL) {
             if (c->d == KVI_DIALECT_CONDUCTOR) {
                 char fname[80];
-                snprintf(fname, sizeof(fname), "%.*s", (int)(key.len > 64 ? 64 : key.len), key.p);
+                snprintf(fname, sizeof(fname), "%.*s", (int)kvi_utf8_prefix(key.p, key.len, 64), key.p);
                 return cond_err(c, "unknown_field", fname, -1, "unsupported request field: %s",
                                 fname);
             }

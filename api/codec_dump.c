@@ -931,8 +931,12 @@ static int step(struct kvi_dump_dec *d, bool final)
 static int run(struct kvi_dump_dec *d, bool final)
 {
     int r;
-    while ((r = step(d, final)) > 0)
+    /* a callback asking to stop sets d->err: stop stepping then, whatever
+     * step() returned (a positive stop value used to loop forever) */
+    while ((r = step(d, final)) > 0 && d->err == 0)
         ;
+    if (d->err != 0)
+        return d->err;
     if (r < 0) {
         if (d->err == 0)
             d->err = r;

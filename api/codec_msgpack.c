@@ -477,7 +477,7 @@ void kvi_mp__describe(struct kvi_rd *rd, char *out, size_t cap)
     }
     case KVI_VT_STR:
         if (kvi_mp__str(rd, &s) == 0)
-            snprintf(out, cap, "string \"%.*s\"", (int)(s.len > 64 ? 64 : s.len), s.p);
+            snprintf(out, cap, "string \"%.*s\"", (int)kvi_utf8_prefix(s.p, s.len, 64), s.p);
         break;
     case KVI_VT_BIN: snprintf(out, cap, "byte array"); break;
     case KVI_VT_EXT: snprintf(out, cap, "extension"); break;

@@ -63,7 +63,7 @@ char *kvi_buf_reserve(struct kvi_buf *b, size_t n)
 {
     if (b->oom)
         return NULL;
-    if (b->cap - b->len >= n)
+    if (b->cap - b->len >= n && b->data != NULL) /* never NULL + 0 */
         return b->data + b->len;
     size_t need = b->len + n;
     if (need < b->len)
@@ -857,6 +857,16 @@ int kvi_rd_finish(struct kvi_rd *rd)
     return 0;
 }
 
+size_t kvi_utf8_prefix(const char *p, size_t len, size_t max)
+{
+    if (len <= max)
+        return len;
+    size_t n = max;
+    while (n > 0 && ((unsigned char)p[n] & 0xC0) == 0x80) /* p[n] continues a character */
+        n--;
+    return n;
+}
+
 void kvi_rd_describe(struct kvi_rd *rd, char *out, size_t cap)
 {
     if (cap == 0)
@@ -877,7 +887,7 @@ void kvi_rd_describe(struct kvi_rd *rd, char *out, size_t cap)
     case KVI_VT_STR: {
         struct kvi_str s;
         if (json_str(rd, &s) == 0)
-            snprintf(out, cap, "string \"%.*s\"", (int)(s.len > 64 ? 64 : s.len), s.p);
+            snprintf(out, cap, "string \"%.*s\"", (int)kvi_utf8_prefix(s.p, s.len, 64), s.p);
         break;
     }
     case KVI_VT_INT: {

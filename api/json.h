@@ -230,6 +230,12 @@ void kvi_rd_line_col(const struct kvi_rd *rd, size_t off, size_t *line, size_t *
  * `boolean `true``, `null`, `sequence`, `map`, `byte array`.
  * Writes a NUL-terminated text of at most @p cap bytes.
  */
+/**
+ * Longest prefix of the UTF-8 text @p p (@p len bytes) that is at most
+ * @p max bytes and does not split a multi-byte character (for error texts).
+ */
+size_t kvi_utf8_prefix(const char *p, size_t len, size_t max);
+
 void kvi_rd_describe(struct kvi_rd *rd, char *out, size_t cap);
 
 /** Why an array element failed (kvi_rd_u32_array / kvi_rd_u64_array). */

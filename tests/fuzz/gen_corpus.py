@@ -1,0 +1,264 @@
+#!/usr/bin/python3
+"""Write the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/).
+
+Seeds are small, valid or nearly valid inputs that show the fuzzer every
+shape the parsers accept; libFuzzer mutates from there. Each target's input
+layout is described at the top of its tests/fuzz/fuzz_<target>.c:
+
+  decode    the msgpack frame itself: every tests/net/fixtures/decode/*.bin
+  codec     1 selector byte (parser | content type << 4 | msgpack widths << 6)
+            then the body: the request bodies of tests/api/codec_*_test.c
+            (single-literal ones, found by a regular expression), plus
+            hand-written JSON and msgpack bodies of every route
+  endpoint  an endpoint and --workers value
+  dump      1 byte (chunking mode, callback stops) then a /dump body, in the
+            shapes of tests/api/dump_test.c and http-api.md §1.11
+
+Findings are not written here: they go to tests/fuzz/regressions/<target>/
+(see README.md, "Fuzzing"). Usage:
+
+    gen_corpus.py            rewrite tests/fuzz/corpus/
+    gen_corpus.py --check    exit 1 if the committed corpus differs
+"""
+import glob
+import hashlib
+import json
+import os
+import re
+import struct
+import sys
+
+import msgpack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+OUT = os.path.join(HERE, "corpus")
+
+# tests/fuzz/fuzz_codec.c: enum op and the Content-Type classes
+OPS = {
+    "dyn_register": 0, "dyn_unregister": 1, "dyn_query": 2, "dyn_query_by_hash": 3,
+    "dyn_peer": 4, "dyn_listener_ctl": 5, "cond_register": 6, "cond_unregister": 7,
+    "cond_query": 8, "cond_query_by_hash": 9, "workers_filter": 10, "flow_register": 11,
+    "flow_unregister": 12, "flow_query": 13, "flow_query_by_hash": 14, "headers": 15,
+}
+CT_NONE, CT_JSON, CT_MSGPACK, CT_OTHER = 0, 1, 2, 3
+
+
+def sel(op, ct, style=0):
+    return bytes([OPS[op] | ct << 4 | style << 6])
+
+
+def js(obj):
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def mp(obj):
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+# ---------------------------------------------------------------------------
+# codec
+# ---------------------------------------------------------------------------
+
+DYN_REGISTER = {"instance_id": 1, "endpoint": "tcp://127.0.0.1:5557", "model_name": "m",
+                "block_size": 16, "tenant_id": "t", "dp_rank": 2,
+                "replay_endpoint": "tcp://[::1]:5558", "additional_salt": "s"}
+DYN_UNREGISTER = {"instance_id": 18446744073709551615, "model_name": "m", "tenant_id": None,
+                  "dp_rank": 0}
+DYN_QUERY = {"token_ids": [1, 2, 3, 4294967295], "model_name": "m", "tenant_id": "default",
+             "lora_name": None, "cache_salt": "x"}
+DYN_QBH = {"block_hashes": [1, -2, 9223372036854775807], "model_name": "m", "cache_salt": None}
+COND_REGISTER = {"endpoint": "tcp://1.1.1.1:5557", "replay_endpoint": "tcp://1.1.1.1:5558",
+                 "type": "vLLM", "modelname": "deepseek", "lora_name": "sql-adapter",
+                 "tenant_id": "default", "instance_id": "vllm-prefill-node1", "block_size": 128,
+                 "dp_rank": 0, "additionalsalt": "w8a8", "cache_group": 0,
+                 "hash_profile": {"strategy": "vllm", "algorithm": "sha256",
+                                  "python_hash_seed": 0, "root_digest": "ab",
+                                  "index_projection": "x", "future": [1]}}
+COND_MOONCAKE = {"endpoint": "tcp://*:5557", "type": "mooncake", "model": "m", "block_size": 64,
+                 "dp_rank": 1, "tenant_id": None}
+COND_UNREGISTER = {"instance_id": "vllm-1", "tenant_id": "", "dp_rank": 0, "type": "vLLM",
+                   "modelname": "m", "block_size": 16}
+COND_QUERY = {"model": "deepseek", "block_size": 128, "token_ids": [1, -2, 2147483647],
+              "tenant_id": "", "lora_name": "l", "instance_id": "i", "cache_salt": "s",
+              "lora_id": 3}
+COND_QBH = {"model": "m", "block_size": 16, "seq_hashes": [1, 18446744073709551615, -5],
+            "instance_id": None}
+
+
+def codec_seeds():
+    seeds = {}
+
+    def add(name, data):
+        seeds[name] = data
+
+    bodies = {
+        "dyn_register": DYN_REGISTER, "dyn_unregister": DYN_UNREGISTER, "dyn_query": DYN_QUERY,
+        "dyn_query_by_hash": DYN_QBH, "dyn_peer": {"url": "http://127.0.0.1:8091"},
+        "dyn_listener_ctl": {"instance_id": 7, "dp_rank": 1},
+        "cond_register": COND_REGISTER, "cond_unregister": COND_UNREGISTER,
+        "cond_query": COND_QUERY, "cond_query_by_hash": COND_QBH,
+    }
+    for op, body in bodies.items():
+        add(op + "_json", sel(op, CT_JSON) + js(body))
+        add(op + "_json_pretty", sel(op, CT_JSON, 3) + json.dumps(body, indent=1).encode())
+        if op.startswith("cond") or op in ("dyn_query", "dyn_query_by_hash"):
+            add(op + "_msgpack", sel(op, CT_MSGPACK) + mp(body))
+    add("cond_register_mooncake", sel("cond_register", CT_NONE) + js(COND_MOONCAKE))
+    add("cond_query_by_hash_block_hash",
+        sel("cond_query_by_hash", CT_OTHER) + js({"model": "m", "block_size": 1, "block_hash": [7]}))
+    # msgpack bins: little-endian u32 tokens / u64 hashes
+    add("dyn_query_msgpack_bin", sel("dyn_query", CT_MSGPACK) +
+        mp({"model_name": "m", "token_ids": struct.pack("<4I", 1, 2, 3, 0xffffffff)}))
+    add("dyn_query_by_hash_msgpack_bin", sel("dyn_query_by_hash", CT_MSGPACK) +
+        mp({"model_name": "m", "block_hashes": struct.pack("<2Q", 5, 2**63 - 1)}))
+    add("cond_query_msgpack_bin", sel("cond_query", CT_MSGPACK) +
+        mp({"model": "m", "block_size": 4, "token_ids": struct.pack("<3i", 1, -1, 7)}))
+    # JSON the reader must get exactly right
+    add("dyn_query_escapes", sel("dyn_query", CT_JSON) +
+        b'{"model_name":"m\\u00e9\\ud83d\\ude00\\n\\"","token_ids":[ 0 , 1e0 ],"x":[{}]}')
+    add("dyn_register_errors", sel("dyn_register", CT_JSON) +
+        b'{"instance_id":1,"instance_id":-0,"endpoint":"udp://h:1","block_size":1.5}')
+    add("cond_register_errors", sel("cond_register", CT_JSON) +
+        b'{"endpoint":"tcp://h","type":"TRT","block_size":0,"dp_rank":2147483648,"zzz":1}')
+    add("dyn_query_wrong_ct", sel("dyn_register", CT_OTHER) + js(DYN_REGISTER))
+    # dialect detection and the handler flow
+    for op, bodies_ in (("flow_register", [DYN_REGISTER, COND_REGISTER]),
+                        ("flow_unregister", [DYN_UNREGISTER, COND_UNREGISTER,
+                                             {"model_name": "m", "instance_id": None}]),
+                        ("flow_query", [DYN_QUERY, COND_QUERY]),
+                        ("flow_query_by_hash", [DYN_QBH, COND_QBH])):
+        for i, b in enumerate(bodies_):
+            add("%s_%d_json" % (op, i), sel(op, CT_JSON) + js(b))
+            add("%s_%d_msgpack" % (op, i), sel(op, CT_MSGPACK) + mp(b))
+    add("workers_filter", sel("workers_filter", CT_NONE) +
+        b"model_name=m%20x&tenant_id=t+1&other=%zz&model_name")
+    for i, h in enumerate([b"/query?x=1", b"/register_peer", b"application/json; charset=utf-8",
+                           b"Application/X-MsgPack", b"text/html, application/msgpack;q=0.9"]):
+        add("headers_%d" % i, sel("headers", CT_NONE) + h)
+
+    # single-literal bodies of the codec unit tests
+    lit = re.compile(r'kvi_(dyn|cond)_parse_(register|unregister|query_by_hash|query|peer|'
+                     r'listener_ctl)\(\s*J\("((?:[^"\\]|\\.)*)"\)')
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "api", "codec_*_test.c"))):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        for i, m in enumerate(lit.finditer(text)):
+            op = "%s_%s" % (m.group(1), m.group(2))
+            body = m.group(3).encode("latin-1").decode("unicode_escape").encode("latin-1")
+            add("t_%s_%s_%d" % (os.path.basename(path)[6:-7], op, i), sel(op, CT_JSON) + body)
+    return seeds
+
+
+# ---------------------------------------------------------------------------
+# endpoint
+# ---------------------------------------------------------------------------
+
+def endpoint_seeds():
+    vals = [b"tcp://127.0.0.1:5557", b"tcp://*:0", b"tcp://[::1]:5558", b"tcp://[fe80::1]:65535",
+            b"ipc:///tmp/kvidx.sock", b"inproc://engine", b"udp://h:1", b"tcp://host",
+            b"tcp://a:b:1", b"tcp://[]:1", b"tcp://h:65536", b"host:1",
+            b"1=tcp://127.0.0.1:5557,2:1=ipc:///tmp/a,,3:0=inproc://x",
+            b"18446744073709551615:4294967295=tcp://*:1", b"1:2:3=tcp://h:1", b"x=tcp://h:1",
+            b"1=tcp://h:1,1=", b"=", b","]
+    return {"ep_%02d" % i: v for i, v in enumerate(vals)}
+
+
+# ---------------------------------------------------------------------------
+# dump
+# ---------------------------------------------------------------------------
+
+def ev(worker, tier, eid, rank, data):
+    e = {"worker_id": worker, "storage_tier": tier, "event": {"event_id": eid, "dp_rank": rank,
+                                                              "data": data}}
+    if tier is None:
+        del e["storage_tier"]
+    return e
+
+
+def stored(parent, pos, blocks):
+    return {"stored": {"parent_hash": parent, "start_position": pos, "blocks": blocks}}
+
+
+def blk(bh, th, seq=None, no_content=False):
+    b = {"block_hash": bh, "tokens_hash": th, "mm_extra_info": None}
+    if seq is not None:
+        b["seq_hash"] = seq
+    if no_content:
+        b["no_content"] = True
+    return b
+
+
+def dump_seeds():
+    full = {
+        "m:t": {"block_size": 16, "events": [
+            ev(1, "device", 0, 0, stored(None, 0, [blk(11, 22, 33)])),
+            ev(1, "device", 1, 0, stored(11, 1, [blk(12, 23, 34), blk(13, 24)])),
+            ev("node-\u00e9", "host_pinned", 2, 3, stored(None, 5, [blk(2**64 - 1, 0, 9, True)])),
+            ev(2**64 - 1, "disk", 3, 0, {"removed": {"block_hashes": [11, -1]}}),
+            ev(7, "external", 4, 1, "cleared"),
+            ev(7, None, 5, None, {"cleared": {}}),
+        ]},
+        "plain": {"events": [ev(3, "device", 0, 0, stored(None, 0, [blk(1, 2)]))],
+                  "block_size": 4, "extra": [1, {"a": "]"}]},
+    }
+    seeds = {}
+    body = js(full)
+    for h in (0x00, 0x01, 0x02, 0x03, 0x14, 0x38):
+        seeds["full_%02x" % h] = bytes([h]) + body
+    seeds["pretty"] = b"\x01" + json.dumps(full, indent=2).encode()
+    seeds["escaped_key"] = b"\x00" + (b'{"m:t\\"x\\u0041":{"block_size":1,"events":[]},'
+                                       b'"m2":{"block_size":2,"events":[]}}')
+    errors = [b'{"m:t":{"error":"indexer failed"}}', b'{"m:t":{"events":[]}}',
+              b'{"m:t":{"block_size":16}}', b'{"m:t":{"block_size":0,"events":[]}}',
+              b'{"m:t":{"block_size":16,"events":[{"worker_id":1}]}}',
+              b'{"m:t":{"block_size":16,"events":[]}} x', b'{"m:t":{"block_size":16,"events":[]}',
+              b'{"m:t":{"block_size":16,"events":[]},}', b"{}", b" { } "]
+    for i, e in enumerate(errors):
+        seeds["edge_%02d" % i] = bytes([i & 3]) + e
+    return seeds
+
+
+# ---------------------------------------------------------------------------
+
+def all_seeds():
+    out = {"decode": {}, "codec": codec_seeds(), "endpoint": endpoint_seeds(),
+           "dump": dump_seeds()}
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "net", "fixtures", "decode", "*.bin"))):
+        with open(path, "rb") as f:
+            out["decode"][os.path.basename(path)[:-4]] = f.read()
+    return out
+
+
+def main():
+    check = "--check" in sys.argv[1:]
+    seeds = all_seeds()
+    bad = []
+    for target, files in seeds.items():
+        d = os.path.join(OUT, target)
+        want = {n + ".bin": data for n, data in files.items()}
+        have = set(os.listdir(d)) if os.path.isdir(d) else set()
+        if check:
+            for n, data in want.items():
+                p = os.path.join(d, n)
+                if not os.path.exists(p) or open(p, "rb").read() != data:
+                    bad.append(p)
+            bad.extend(os.path.join(d, n) for n in have - set(want))
+            continue
+        os.makedirs(d, exist_ok=True)
+        for n in have - set(want):
+            os.remove(os.path.join(d, n))
+        for n, data in want.items():
+            with open(os.path.join(d, n), "wb") as f:
+                f.write(data)
+    if check:
+        for p in bad:
+            print("corpus differs from gen_corpus.py: " + os.path.relpath(p, ROOT))
+        return 1 if bad else 0
+    total = sum(len(x) for f in seeds.values() for x in f.values())
+    print("wrote %d seeds, %d bytes" % (sum(len(f) for f in seeds.values()), total))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
