@@ -28,8 +28,10 @@
 
 #include <curl/curl.h>
 
+#include "api/demo.h"
 #include "api/routes_common.h"
 #include "api/service.h"
+#include "api/slot_service.h"
 #include "engine/common.h"
 #include "net/endpoint.h"
 #include "net/http_server.h"
@@ -77,6 +79,9 @@ struct opts {
     long idle_timeout_ms;
     long max_connections;
     const char *port_file;
+    bool demo;              /* --demo: mock engines inside (api/demo.h) */
+    const char *demo_trace;
+    long demo_workers;
 };
 
 static void usage(FILE *f)
@@ -120,6 +125,10 @@ static void usage(FILE *f)
             "  --idle-timeout-ms N    idle keep-alive / slow-client timeout (default 60000)\n"
             "  --max-connections N    open HTTP connections over all threads (default 16384)\n"
             "  --port-file PATH       write the bound port to PATH once listening (default none)\n"
+            "  --demo                 start mock engines that publish a Mooncake trace over ZMQ into\n"
+            "                         this daemon (model \"demo\"); the log shows curl lines to try\n"
+            "  --demo-trace PATH      Mooncake JSONL for --demo (default: the built-in synthetic trace)\n"
+            "  --demo-workers N       mock engines of --demo (default 4)\n"
             "  --help                 print this text and exit\n"
             "  --version              print the version and exit\n"
             "\n"
@@ -132,6 +141,7 @@ static void usage(FILE *f)
             "  KVIDX_ADMIN_TOKEN      default of --admin-token\n"
             "\n"
             "Signals: SIGTERM or SIGINT stop the daemon gracefully (exit 0 within 2 s).\n");
+    kvi_slot_service_usage(f);
 }
 
 static int parse_long(const char *flag, const char *s, long min, long max, long *out)
@@ -190,6 +200,7 @@ enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
     O_WRITER_THREADS, O_LISTENER_THREADS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN,
     O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_PORT_FILE, O_HELP, O_VERSION,
+    O_DEMO, O_DEMO_TRACE, O_DEMO_WORKERS,
 };
 
 static int parse_opts(int argc, char **argv, struct opts *o)
@@ -218,6 +229,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"idle-timeout-ms", required_argument, NULL, O_IDLE},
         {"max-connections", required_argument, NULL, O_MAX_CONN},
         {"port-file", required_argument, NULL, O_PORT_FILE},
+        {"demo", no_argument, NULL, O_DEMO},
+        {"demo-trace", required_argument, NULL, O_DEMO_TRACE},
+        {"demo-workers", required_argument, NULL, O_DEMO_WORKERS},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
@@ -254,6 +268,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case O_IDLE: rc = parse_long("--idle-timeout-ms", optarg, 1, 3600000, &o->idle_timeout_ms); break;
         case O_MAX_CONN: rc = parse_long("--max-connections", optarg, 1, 1000000, &o->max_connections); break;
         case O_PORT_FILE: o->port_file = optarg; break;
+        case O_DEMO: o->demo = true; break;
+        case O_DEMO_TRACE: o->demo_trace = optarg; break;
+        case O_DEMO_WORKERS: rc = parse_long("--demo-workers", optarg, 1, 1024, &o->demo_workers); break;
         case 'h':
         case O_HELP: usage(stdout); exit(0);
         case O_VERSION: printf("kvidxd %s\n", KVIDXD_VERSION); exit(0);
@@ -318,7 +335,8 @@ int main(int argc, char **argv)
         .idle_timeout_ms = 60000,
         .max_connections = 16384,
     };
-    if (parse_opts(argc, argv, &o) != 0)
+    struct kvi_slot_service_config slot_cfg; /* the slot-tracker flags leave argv here */
+    if (kvi_slot_service_args(&argc, argv, &slot_cfg) != 0 || parse_opts(argc, argv, &o) != 0)
         return 2;
     enum kvi_log_level lvl;
     if (kvi_log_parse_level(o.log_level, &lvl) != 0) {
@@ -372,6 +390,18 @@ int main(int argc, char **argv)
     if (min_initial_workers(&min_workers) != 0)
         return 2;
     bool test_endpoints = truthy(getenv("DYN_KV_INDEXER_TEST_ENDPOINTS"));
+    struct kvi_demo *demo = NULL;
+    if (o.demo) {
+        struct kvi_demo_config dc;
+        char derr[512] = "";
+        kvi_demo_config_init(&dc);
+        dc.trace_path = o.demo_trace;
+        dc.workers = o.demo_workers > 0 ? (uint32_t)o.demo_workers : dc.workers;
+        if ((demo = kvi_demo_create(&dc, derr, sizeof derr)) == NULL) {
+            fprintf(stderr, "kvidxd: --demo: %s\n", derr);
+            return 2;
+        }
+    }
 
     /* Every thread inherits this mask; main takes the signals with sigwait. */
     sigset_t sigs;
@@ -425,6 +455,7 @@ int main(int argc, char **argv)
     ho.thread_ud = routes;
     struct kvi_http_server *srv = kvi_http_server_create(&ho);
     int exit_code = 0, rc, sig = 0;
+    struct kvi_slot_service *slots = NULL;
     uint64_t t0 = 0;
     if (srv == NULL) {
         kvi_log_error("cannot listen on %s:%ld: %s", o.host, o.port, strerror(errno));
@@ -432,6 +463,19 @@ int main(int argc, char **argv)
         goto out_service;
     }
     rc = kvi_routes_mount(routes, srv);
+    slot_cfg.host = o.host;
+    slot_cfg.http_threads = slot_cfg.http_threads ? slot_cfg.http_threads : (unsigned)o.http_threads;
+    slot_cfg.body_limit = (size_t)o.body_limit;
+    slot_cfg.admin_token = ho.admin_token;
+    slot_cfg.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
+    slot_cfg.max_connections = (unsigned)o.max_connections;
+    slot_cfg.test_endpoints = test_endpoints;
+    if (rc == 0 && (slots = kvi_slot_service_create(&slot_cfg)) == NULL)
+        rc = -errno;
+    if (rc == 0)
+        rc = kvi_slot_service_mount_route(slots, srv, svc, (unsigned)o.http_threads, (size_t)o.query_body_limit);
+    if (rc == 0)
+        rc = kvi_slot_service_start(slots);
     if (rc == 0)
         rc = kvi_http_server_start(srv);
     if (rc != 0) {
@@ -454,13 +498,18 @@ int main(int argc, char **argv)
         kvi_log_error("cannot start the control thread: %s", strerror(-rc));
         _exit(1);
     }
+    if (demo != NULL && (rc = kvi_demo_start(demo, svc, port)) != 0)
+        kvi_log_error("cannot start the demo: %s", strerror(-rc));
 
     sigwait(&sigs, &sig);
     t0 = kvi_now_ns();
     kvi_log_info("%s received: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    kvi_demo_destroy(demo); /* the engines stop before the service does */
+    demo = NULL;
     kvi_service_begin_stop(svc);
     if (kvi_http_server_stop(srv) == 1)
         kvi_log_warn("some HTTP connections were cut at the end of the grace period");
+    kvi_slot_service_stop(slots); /* after the indexer port: it completes deferred /route commits */
     /* Exit within 2 s: the control thread normally ends at once; only a peer
      * fetch stuck in connect can hold it, and then the process just exits. */
     if (kvi_service_stop(svc, (uint32_t)KVI_MAX(100, 1900 - (int64_t)((kvi_now_ns() - t0) / 1000000))) != 0) {
@@ -469,7 +518,9 @@ int main(int argc, char **argv)
     }
 out_server:
     kvi_http_server_free(srv);
+    kvi_slot_service_free(slots);
 out_service:
+    kvi_demo_destroy(demo);
     kvi_service_destroy(svc);
     kvi_routes_free(routes);
     curl_global_cleanup();

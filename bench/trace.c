@@ -31,6 +31,7 @@
 #include "bench/bench.h"
 #include "bench/plot.h"
 #include "bench/trace.h"
+#include "bench/trace_e2e.h"
 #include "bench/trace_replay.h"
 #include "engine/common.h"
 #include "engine/index.h"
@@ -51,6 +52,10 @@ struct trace_opts {
     double max_overrun;
     char out[PATH_MAX];
     bool plot, progress;
+    /* --e2e: end to end through kvidxd (trace_e2e.h) */
+    char e2e_url[256], e2e_spawn[PATH_MAX];
+    enum kvi_e2e_query e2e_query;
+    struct kvi_e2e *e2e;
 };
 
 /* ---- progress bar (stderr, only on a terminal) -------------------------------- */
@@ -143,6 +148,16 @@ static void usage(FILE *f)
             "  --no-plot               skip gnuplot\n"
             "  --no-progress           no progress bar (it is off anyway when stderr is not a TTY)\n"
             "\n"
+            "end to end (kvidx only):\n"
+            "  --e2e URL               replay through a running kvidxd (http://HOST:PORT on this\n"
+            "                          machine): events from one C publisher per worker over ZMQ,\n"
+            "                          registered with POST /register; queries over HTTP/2 (h2c),\n"
+            "                          one connection per lane; find = the query's round trip\n"
+            "  --e2e-spawn PATH        start this kvidxd binary on a free port for the run instead\n"
+            "                          (--threads = --writers), and stop it at the end\n"
+            "  --e2e-query hash|tokens POST /query_by_hash with content hashes (default, the exact\n"
+            "                          in-process input) or POST /query with the tokens\n"
+            "\n"
             "A run is valid when every op was issued within 1.01 x the window and at most\n"
             "5 %% of the events were still queued then; it keeps up when every event was\n"
             "applied within 1.10 x the window. The last line is a JSON summary of kvidx's\n"
@@ -214,7 +229,7 @@ static void default_out(char *out, size_t cap)
 enum {
     O_TRACE = 256, O_SYNTH_REQ, O_WORKERS, O_WORKER_DUP, O_TRACE_DUP, O_LENGTH, O_BLOCK, O_GPU, O_SIM, O_SPEEDUP,
     O_PREFILL, O_DECODE, O_DISTINCT, O_SEED, O_BACKENDS, O_READERS, O_WRITERS, O_RING, O_JUMP, O_OVERRUN,
-    O_WINDOW, O_SMIN, O_SMAX, O_STEPS, O_STOP, O_OUT, O_NOPLOT, O_NOPROG,
+    O_WINDOW, O_SMIN, O_SMAX, O_STEPS, O_STOP, O_OUT, O_NOPLOT, O_NOPROG, O_E2E, O_E2E_SPAWN, O_E2E_QUERY,
 };
 
 /* @return 0 to run, 1 after --help, 2 on a usage error */
@@ -263,6 +278,9 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
         {"out", required_argument, NULL, O_OUT},
         {"no-plot", no_argument, NULL, O_NOPLOT},
         {"no-progress", no_argument, NULL, O_NOPROG},
+        {"e2e", required_argument, NULL, O_E2E},
+        {"e2e-spawn", required_argument, NULL, O_E2E_SPAWN},
+        {"e2e-query", required_argument, NULL, O_E2E_QUERY},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -300,6 +318,12 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
         case O_OUT: snprintf(o->out, sizeof o->out, "%s", optarg); break;
         case O_NOPLOT: o->plot = false; break;
         case O_NOPROG: o->progress = false; break;
+        case O_E2E: snprintf(o->e2e_url, sizeof o->e2e_url, "%s", optarg); break;
+        case O_E2E_SPAWN: snprintf(o->e2e_spawn, sizeof o->e2e_spawn, "%s", optarg); break;
+        case O_E2E_QUERY:
+            ok = !strcmp(optarg, "hash") || !strcmp(optarg, "tokens");
+            o->e2e_query = !strcmp(optarg, "tokens") ? KVI_E2E_QUERY_TOKENS : KVI_E2E_QUERY_HASH;
+            break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -441,10 +465,13 @@ static int run_one(const struct kvi_trace_workload *w, const struct trace_opts *
     char label[96];
     snprintf(label, sizeof label, "%s %-10s window %.1f ms", step, kvi_trace_backend_name(be), window_ms);
     progress_start(pg, label);
-    int rc = kvi_trace_run(w, be, &cfg, res);
+    struct kvi_e2e_extra x;
+    int rc = o->e2e ? kvi_e2e_run(o->e2e, w, &cfg, res, &x) : kvi_trace_run(w, be, &cfg, res);
     progress_clear(pg);
     if (rc == 0)
         print_row(res);
+    if (o->e2e && (rc == 0 || x.first_error[0]))
+        kvi_e2e_print(&x);
     return rc;
 }
 
@@ -630,7 +657,8 @@ static void write_outputs(const struct kvi_trace *t, const struct kvi_trace_work
     printf("%s\n", msg);
 }
 
-static void print_final(const struct kvi_trace *t, const struct kvi_trace_workload *w, const struct series *kv)
+static void print_final(const struct kvi_trace *t, const struct kvi_trace_workload *w, const struct series *kv,
+                        bool e2e)
 {
     const struct kvi_trace_run_result *b = kv ? best_keep_up(kv) : NULL;
     if (kv && b == NULL) /* nothing kept up: report the lowest load measured */
@@ -644,10 +672,11 @@ static void print_final(const struct kvi_trace *t, const struct kvi_trace_worklo
     json_str(stdout, t->name);
     printf(",\"workers\":%u,\"valid\":%s,\"keep_up\":%s,\"offered_block_ops_per_s\":%.0f,"
            "\"achieved_block_ops_per_s\":%.0f,\"threads\":%u,\"find_p50_ns\":%llu,\"find_p99_ns\":%llu,"
-           "\"backlog_pct\":%.3f}\n",
+           "\"backlog_pct\":%.3f%s}\n",
            w->n_workers_total, b->valid ? "true" : "false", b->keep_up ? "true" : "false",
            b->offered_block_ops_per_s, b->achieved_block_ops_per_s, b->threads,
-           (unsigned long long)b->find_p50_ns, (unsigned long long)b->find_p99_ns, b->backlog_pct);
+           (unsigned long long)b->find_p50_ns, (unsigned long long)b->find_p99_ns, b->backlog_pct,
+           e2e ? ",\"mode\":\"e2e\"" : "");
 }
 
 static int pick_backends(const char *list, struct series *s, size_t *n)
@@ -685,8 +714,28 @@ int kvi_bench_trace(int argc, char **argv)
         free(s);
         return 2;
     }
+    if (o.e2e_url[0] || o.e2e_spawn[0]) {
+        if (ns != 1 || strcmp(kvi_trace_backend_name(s[0].be), "kvidx") != 0)
+            printf("note: --e2e replays through kvidxd only (the baselines run in process only)\n");
+        s[0].be = kvi_trace_backend_by_name("kvidx");
+        ns = 1;
+        struct kvi_e2e_cfg ec = {
+            .url = o.e2e_url[0] ? o.e2e_url : NULL,
+            .spawn = o.e2e_spawn[0] ? o.e2e_spawn : NULL,
+            .spawn_writers = o.writers,
+            .query = o.e2e_query,
+        };
+        char err[512] = "";
+        o.e2e = kvi_e2e_open(&ec, err, sizeof err);
+        if (o.e2e == NULL) {
+            fprintf(stderr, "trace: --e2e: %s\n", err);
+            free(s);
+            return 1;
+        }
+    }
     struct kvi_trace base, x;
     if (load_trace(&o, &base) < 0) {
+        kvi_e2e_close(o.e2e);
         free(s);
         return 1;
     }
@@ -702,13 +751,21 @@ int kvi_bench_trace(int argc, char **argv)
         fprintf(stderr, "trace: invalid workload configuration\n");
         kvi_trace_free(&x);
         kvi_trace_free(&base);
+        kvi_e2e_close(o.e2e);
         free(s);
         return 2;
     }
     print_workload(&w);
-    printf("replay: %u lane(s) (RCU readers + ring producers) + %u writer thread(s), %ld online CPU(s); "
-           "find latency = service time inside the index\n",
-           o.readers, o.writers, sysconf(_SC_NPROCESSORS_ONLN));
+    if (o.e2e)
+        printf("replay: end to end through kvidxd at %s: %u lane(s), one h2c connection each, %s; one C publisher "
+               "per worker over ZMQ; find latency = the query's HTTP/2 round trip\n",
+               kvi_e2e_url(o.e2e), o.readers,
+               o.e2e_query == KVI_E2E_QUERY_TOKENS ? "POST /query (msgpack tokens)"
+                                                   : "POST /query_by_hash (msgpack content hashes)");
+    else
+        printf("replay: %u lane(s) (RCU readers + ring producers) + %u writer thread(s), %ld online CPU(s); "
+               "find latency = service time inside the index\n",
+               o.readers, o.writers, sysconf(_SC_NPROCESSORS_ONLN));
     double win[MAX_STEPS];
     uint32_t n_win;
     sweep_windows(&o, win, &n_win);
@@ -727,11 +784,12 @@ int kvi_bench_trace(int argc, char **argv)
                 kv = &s[i];
         if (kv == NULL)
             printf("(no kvidx runs: the summary line below is empty)\n");
-        print_final(&base, &w, kv);
+        print_final(&base, &w, kv, o.e2e != NULL);
     }
     kvi_trace_workload_free(&w);
     kvi_trace_free(&x);
     kvi_trace_free(&base);
+    kvi_e2e_close(o.e2e);
     free(s);
     return rc == 0 ? 0 : 1;
 }

@@ -1,0 +1,395 @@
+/* ctest-labels: integration */
+/*
+ * kvidxd's slot port against the real binary (dynamo-standalone-slot-tracker.md,
+ * http-api.md §3): every route's status codes and bodies, the ordering rules
+ * (arrival order, forgotten early frees, idempotent free, repeated
+ * prefill_complete), sorting and filters, prefill and shared decode-block
+ * accounting, signed hashes, peers with replica sync on and off, framework
+ * errors as JSON, the admin token, HTTP/2, and the --slot-port switch.
+ * The engine's rules are unit-tested in tests/engine; this covers their HTTP
+ * mapping.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "kvidxd_fixture.h"
+
+#define OK "{\"status\":\"ok\"}"
+
+static int teardown(void **state)
+{
+    (void)state;
+    kfx_kill_leftovers();
+    return 0;
+}
+
+/*
+ * Start kvidxd with an ephemeral slot port (plus @p extra args); *sv is a
+ * copy of *d that talks to the slot port (use d to stop it).
+ */
+static void start_slots(struct kfx_daemon *d, struct kfx_daemon *sv, const char *const *extra,
+                        const char *const *env)
+{
+    static unsigned seq;
+    char pf[128];
+    snprintf(pf, sizeof pf, "/tmp/kvidxd-slots-%d-%u.port", (int)getpid(), seq++);
+    unlink(pf);
+    const char *args[32] = {"--slot-port", "auto", "--slot-port-file", pf};
+    int n = 4;
+    for (int i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    kfx_start(d, args, env);
+    FILE *f = fopen(pf, "r");
+    unsigned p = 0;
+    if (f == NULL || fscanf(f, "%u", &p) != 1 || p == 0)
+        fail_msg("no slot port file %s", pf);
+    fclose(f);
+    unlink(pf);
+    *sv = *d;
+    sv->port = (uint16_t)p;
+}
+
+static void reg(struct kfx_daemon *sv, uint64_t w, const char *model, const char *tenant, uint32_t bs, uint32_t start,
+                uint32_t size, long status, const char *body)
+{
+    char j[512];
+    if (tenant != NULL)
+        snprintf(j, sizeof j,
+                 "{\"worker_id\":%llu,\"model_name\":\"%s\",\"tenant_id\":\"%s\",\"block_size\":%u,\"dp_start\":%u,"
+                 "\"dp_size\":%u}",
+                 (unsigned long long)w, model, tenant, bs, start, size);
+    else
+        snprintf(j, sizeof j,
+                 "{\"worker_id\":%llu,\"model_name\":\"%s\",\"block_size\":%u,\"dp_start\":%u,\"dp_size\":%u}",
+                 (unsigned long long)w, model, bs, start, size);
+    kfx_expect(sv, "/register", j, status, body);
+}
+
+static void add(struct kfx_daemon *sv, const char *model, const char *rid, uint64_t w, uint32_t rank,
+                const char *hashes, uint64_t isl, long status, const char *body)
+{
+    char j[1024];
+    snprintf(j, sizeof j,
+             "{\"model_name\":\"%s\",\"request_id\":\"%s\",\"worker_id\":%llu,\"dp_rank\":%u,"
+             "\"sequence_hashes\":[%s],\"new_isl_tokens\":%llu}",
+             model, rid, (unsigned long long)w, rank, hashes, (unsigned long long)isl);
+    kfx_expect(sv, "/add", j, status, body);
+}
+
+static void life(struct kfx_daemon *sv, const char *path, const char *model, const char *rid, long status,
+                 const char *body)
+{
+    char j[256];
+    snprintf(j, sizeof j, "{\"model_name\":\"%s\",\"request_id\":\"%s\"}", model, rid);
+    kfx_expect(sv, path, j, status, body);
+}
+
+static void test_topology(void **state)
+{
+    (void)state;
+    struct kfx_daemon d, sv;
+    start_slots(&d, &sv, NULL, NULL);
+    kfx_expect_get(&sv, "/health", 200, "");
+    reg(&sv, 7, "m", NULL, 16, 0, 2, 201, OK);
+    reg(&sv, 3, "m", "default", 16, 4, 1, 201, OK);
+    reg(&sv, 5, "a", "t2", 8, 0, 1, 201, OK);
+    reg(&sv, 5, "a", "t1", 32, 0, 1, 201, OK);
+    reg(&sv, 9, "m", NULL, 0, 0, 1, 400, "{\"error\":\"block_size must be greater than 0\"}");
+    reg(&sv, 9, "m", NULL, 16, 0, 0, 400, "{\"error\":\"dp_size must be greater than 0\"}");
+    reg(&sv, 9, "m", NULL, 16, 4294967295u, 2, 400,
+        "{\"error\":\"dp range overflows u32: start=4294967295 size=2\"}");
+    reg(&sv, 9, "m", NULL, 8, 0, 1, 409,
+        "{\"error\":\"block_size mismatch for model=m tenant=default: existing=16, requested=8\"}");
+    reg(&sv, 7, "m", NULL, 16, 5, 1, 409, "{\"error\":\"worker 7 already registered for model=m tenant=default\"}");
+    /* sorted by (model, tenant, worker); the filters are independent */
+    const char *all = "[{\"worker_id\":5,\"model_name\":\"a\",\"tenant_id\":\"t1\",\"block_size\":32,\"dp_start\":0,\"dp_size\":1},"
+                      "{\"worker_id\":5,\"model_name\":\"a\",\"tenant_id\":\"t2\",\"block_size\":8,\"dp_start\":0,\"dp_size\":1},"
+                      "{\"worker_id\":3,\"model_name\":\"m\",\"tenant_id\":\"default\",\"block_size\":16,\"dp_start\":4,\"dp_size\":1},"
+                      "{\"worker_id\":7,\"model_name\":\"m\",\"tenant_id\":\"default\",\"block_size\":16,\"dp_start\":0,\"dp_size\":2}]";
+    kfx_expect_get(&sv, "/workers", 200, all);
+    kfx_expect_get(&sv, "/workers?tenant_id=t2", 200,
+                   "[{\"worker_id\":5,\"model_name\":\"a\",\"tenant_id\":\"t2\",\"block_size\":8,\"dp_start\":0,\"dp_size\":1}]");
+    kfx_expect_get(&sv, "/workers?model_name=m&tenant_id=t2", 200, "[]");
+    kfx_expect_get(&sv, "/workers?model_name=%61", 200,
+                   "[{\"worker_id\":5,\"model_name\":\"a\",\"tenant_id\":\"t1\",\"block_size\":32,\"dp_start\":0,\"dp_size\":1},"
+                   "{\"worker_id\":5,\"model_name\":\"a\",\"tenant_id\":\"t2\",\"block_size\":8,\"dp_start\":0,\"dp_size\":1}]");
+    /* unregister: 200, then 404; the last worker takes the tracker with it */
+    kfx_expect(&sv, "/unregister", "{\"worker_id\":3,\"model_name\":\"m\"}", 200, OK);
+    kfx_expect(&sv, "/unregister", "{\"worker_id\":3,\"model_name\":\"m\"}", 404,
+               "{\"error\":\"worker 3 not found for model=m tenant=default\"}");
+    kfx_expect(&sv, "/unregister", "{\"worker_id\":1,\"model_name\":\"zz\",\"tenant_id\":\"q\"}", 404,
+               "{\"error\":\"worker 1 not found for model=zz tenant=q\"}");
+    kfx_expect(&sv, "/unregister", "{\"worker_id\":5,\"model_name\":\"a\",\"tenant_id\":\"t1\"}", 200, OK);
+    reg(&sv, 6, "a", "t1", 64, 0, 1, 201, OK); /* a fresh tracker: another block size is fine */
+    /* body errors */
+    kfx_expect(&sv, "/register", "{\"worker_id\":1", 400, NULL);
+    kfx_expect(&sv, "/register", "{\"worker_id\":1,\"model_name\":\"m\",\"block_size\":16,\"dp_start\":0}", 422,
+               NULL);
+    struct kfx_resp r;
+    const char *txt[] = {"Content-Type: text/plain", NULL};
+    const char *body = "{\"worker_id\":1,\"model_name\":\"m\",\"block_size\":16,\"dp_start\":0,\"dp_size\":1}";
+    assert_int_equal(kfx_http(&sv, KFX_H1, "POST", "/register", txt, body, strlen(body), &r), 415);
+    assert_non_null(strstr(r.body, "{\"error\":"));
+    kfx_resp_free(&r);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
+static void test_lifecycle_and_loads(void **state)
+{
+    (void)state;
+    struct kfx_daemon d, sv;
+    start_slots(&d, &sv, NULL, NULL);
+    reg(&sv, 7, "m", NULL, 16, 0, 2, 201, OK);
+    reg(&sv, 8, "m", NULL, 16, 0, 1, 201, OK);
+    reg(&sv, 1, "b", NULL, 16, 0, 1, 201, OK);
+    add(&sv, "m", "r1", 7, 0, "101,-22,303", 48, 201, OK);
+    add(&sv, "m", "r1", 8, 0, "1", 0, 409,
+        "{\"error\":\"Request r1 already exists (assigned to worker WorkerWithDpRank { worker_id: 7, dp_rank: 0 })\"}");
+    add(&sv, "m", "r2", 7, 2, "1", 0, 404, "{\"error\":\"Worker WorkerWithDpRank { worker_id: 7, dp_rank: 2 } not found\"}");
+    add(&sv, "m", "r2", 9, 0, "1", 0, 404, "{\"error\":\"Worker WorkerWithDpRank { worker_id: 9, dp_rank: 0 } not found\"}");
+    add(&sv, "nope", "r2", 7, 0, "1", 0, 404, "{\"error\":\"no slot tracker for model=nope tenant=default\"}");
+    add(&sv, "m", "r-empty", 8, 0, "", 0, 201, OK); /* sequence_hashes may be empty */
+    kfx_expect(&sv, "/add", "{\"model_name\":\"m\",\"request_id\":\"x\",\"worker_id\":8,\"dp_rank\":0}", 422, NULL);
+    kfx_expect(&sv, "/add",
+               "{\"model_name\":\"m\",\"request_id\":\"x\",\"worker_id\":8,\"dp_rank\":0,"
+               "\"sequence_hashes\":[9223372036854775808]}",
+               422, NULL);
+    /* shared decode blocks: [101,-22,303] + [101,-22,404] hold 4 distinct prefixes on (7,0) */
+    add(&sv, "m", "r3", 7, 0, "101,-22,404", 0, 201, OK);
+    kfx_expect_get(&sv, "/loads?model_name=m", 200,
+                   "[{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":7,\"dp_rank\":0,"
+                   "\"active_prefill_tokens\":48,\"active_decode_blocks\":4},"
+                   "{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":7,\"dp_rank\":1,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0},"
+                   "{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":8,\"dp_rank\":0,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0}]");
+    kfx_expect_get(&sv, "/loads?model_name=b&tenant_id=default", 200,
+                   "[{\"model_name\":\"b\",\"tenant_id\":\"default\",\"worker_id\":1,\"dp_rank\":0,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0}]");
+    /* potential loads: the document's example, signed hashes bit for bit (-22 is the same block) */
+    kfx_expect(&sv, "/potential_loads",
+               "{\"model_name\":\"m\",\"sequence_hashes\":[101,-22,303,404],\"new_isl_tokens\":48}", 200,
+               "[{\"worker_id\":7,\"dp_rank\":0,\"potential_prefill_tokens\":96,\"potential_decode_blocks\":5,"
+               "\"active_requests\":2},"
+               "{\"worker_id\":7,\"dp_rank\":1,\"potential_prefill_tokens\":48,\"potential_decode_blocks\":4,"
+               "\"active_requests\":0},"
+               "{\"worker_id\":8,\"dp_rank\":0,\"potential_prefill_tokens\":48,\"potential_decode_blocks\":4,"
+               "\"active_requests\":1}]");
+    kfx_expect(&sv, "/potential_loads", "{\"model_name\":\"zz\",\"sequence_hashes\":[]}", 404,
+               "{\"error\":\"no slot tracker for model=zz tenant=default\"}");
+    /* prefill_complete: 200, repeatable, 404 for unknown requests and trackers */
+    life(&sv, "/prefill_complete", "m", "r1", 200, OK);
+    life(&sv, "/prefill_complete", "m", "r1", 200, OK);
+    life(&sv, "/prefill_complete", "m", "ghost", 404, "{\"error\":\"Request ghost not found\"}");
+    life(&sv, "/prefill_complete", "zz", "r1", 404, "{\"error\":\"no slot tracker for model=zz tenant=default\"}");
+    kfx_expect(&sv, "/potential_loads", "{\"model_name\":\"m\",\"sequence_hashes\":[101]}", 200,
+               "[{\"worker_id\":7,\"dp_rank\":0,\"potential_prefill_tokens\":0,\"potential_decode_blocks\":4,"
+               "\"active_requests\":2},"
+               "{\"worker_id\":7,\"dp_rank\":1,\"potential_prefill_tokens\":0,\"potential_decode_blocks\":1,"
+               "\"active_requests\":0},"
+               "{\"worker_id\":8,\"dp_rank\":0,\"potential_prefill_tokens\":0,\"potential_decode_blocks\":1,"
+               "\"active_requests\":1}]");
+    /* free: idempotent while the tracker exists, 404 otherwise */
+    life(&sv, "/free", "m", "r1", 200, OK);
+    life(&sv, "/free", "m", "r1", 200, OK);
+    life(&sv, "/free", "m", "ghost", 200, OK);
+    life(&sv, "/free", "zz", "r1", 404, "{\"error\":\"no slot tracker for model=zz tenant=default\"}");
+    life(&sv, "/free", "m", "r3", 200, OK);
+    life(&sv, "/free", "m", "r-empty", 200, OK);
+    kfx_expect_get(&sv, "/loads?model_name=m&tenant_id=default", 200,
+                   "[{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":7,\"dp_rank\":0,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0},"
+                   "{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":7,\"dp_rank\":1,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0},"
+                   "{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":8,\"dp_rank\":0,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0}]");
+
+    /* reordering is not repaired: an early free is forgotten, the later add stays */
+    life(&sv, "/free", "m", "late", 200, OK);
+    add(&sv, "m", "late", 8, 0, "5,6", 10, 201, OK);
+    kfx_expect_get(&sv, "/loads?model_name=m", 200,
+                   "[{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":7,\"dp_rank\":0,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0},"
+                   "{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":7,\"dp_rank\":1,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0},"
+                   "{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":8,\"dp_rank\":0,"
+                   "\"active_prefill_tokens\":10,\"active_decode_blocks\":2}]");
+    /* unregister drops the worker's active requests at once */
+    kfx_expect(&sv, "/unregister", "{\"worker_id\":8,\"model_name\":\"m\"}", 200, OK);
+    life(&sv, "/prefill_complete", "m", "late", 404, "{\"error\":\"Request late not found\"}");
+    /* arrival order: back-to-back add and free of many requests leave nothing */
+    for (int i = 0; i < 100; i++) {
+        char rid[32];
+        snprintf(rid, sizeof rid, "burst-%d", i);
+        add(&sv, "m", rid, 7, (uint32_t)(i % 2), "1,2,3", 16, 201, OK);
+        life(&sv, "/free", "m", rid, 200, OK);
+    }
+    kfx_expect_get(&sv, "/loads?tenant_id=default&model_name=m", 200,
+                   "[{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":7,\"dp_rank\":0,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0},"
+                   "{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":7,\"dp_rank\":1,"
+                   "\"active_prefill_tokens\":0,\"active_decode_blocks\":0}]");
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
+static void test_framework_errors_and_h2(void **state)
+{
+    (void)state;
+    struct kfx_daemon d, sv;
+    const char *extra[] = {"--body-limit", "4096", NULL};
+    start_slots(&d, &sv, extra, NULL);
+    struct kfx_resp r;
+    assert_int_equal(kfx_get(&sv, "/nope", &r), 404);
+    assert_string_equal(r.ctype, "application/json");
+    assert_non_null(strstr(r.body, "{\"error\":\""));
+    kfx_resp_free(&r);
+    assert_int_equal(kfx_get(&sv, "/add", &r), 405);
+    assert_string_equal(r.body, "{\"error\":\"method not allowed\"}");
+    kfx_resp_free(&r);
+    assert_int_equal(kfx_http(&sv, KFX_H1, "POST", "/loads", NULL, "", 0, &r), 405);
+    assert_string_equal(r.body, "{\"error\":\"method not allowed\"}");
+    kfx_resp_free(&r);
+    assert_int_equal(kfx_http(&sv, KFX_H1, "DELETE", "/workers", NULL, NULL, 0, &r), 405);
+    kfx_resp_free(&r);
+    /* a body over the limit */
+    size_t big = 8192;
+    char *b = malloc(big + 1);
+    memset(b, ' ', big);
+    b[big] = '\0';
+    memcpy(b, "{\"model_name\":\"m\",\"sequence_hashes\":[]}", 38);
+    assert_int_equal(kfx_post_json(&sv, "/potential_loads", b, &r), 413);
+    assert_non_null(strstr(r.body, "{\"error\":\""));
+    kfx_resp_free(&r);
+    free(b);
+    /* HTTP/2 with prior knowledge serves the same routes */
+    const char *hj[] = {"Content-Type: application/json", NULL};
+    const char *j = "{\"worker_id\":1,\"model_name\":\"m\",\"block_size\":16,\"dp_start\":0,\"dp_size\":1}";
+    assert_int_equal(kfx_http(&sv, KFX_H2C, "POST", "/register", hj, j, strlen(j), &r), 201);
+    assert_int_equal(r.version, CURL_HTTP_VERSION_2_0);
+    assert_string_equal(r.body, OK);
+    kfx_resp_free(&r);
+    assert_int_equal(kfx_http(&sv, KFX_H2C, "GET", "/loads", NULL, NULL, 0, &r), 200);
+    assert_string_equal(r.body, "[{\"model_name\":\"m\",\"tenant_id\":\"default\",\"worker_id\":1,\"dp_rank\":0,"
+                                "\"active_prefill_tokens\":0,\"active_decode_blocks\":0}]");
+    kfx_resp_free(&r);
+    /* the slot port does not serve the indexer's routes, nor the indexer port the slot tracker's */
+    assert_int_equal(kfx_get(&sv, "/dump", &r), 404);
+    kfx_resp_free(&r);
+    assert_int_equal(kfx_get(&d, "/loads", &r), 404);
+    kfx_resp_free(&r);
+    /* the test routes are not mounted without DYN_KV_INDEXER_TEST_ENDPOINTS */
+    kfx_expect(&sv, "/test/advance_clock", "{\"seconds\":1}", 404, NULL);
+    kfx_expect(&sv, "/metrics", "", 405, "{\"error\":\"method not allowed\"}");
+    assert_true(kfx_get_has(&sv, "/metrics", 200, "\nkvidx_slots_workers 1\n"));
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
+static void test_peers(void **state)
+{
+    (void)state;
+    /* replica sync off: the reference's 409, and an empty list */
+    struct kfx_daemon d, sv;
+    start_slots(&d, &sv, NULL, NULL);
+    kfx_expect(&sv, "/register_peer", "{\"url\":\"http://127.0.0.1:9\"}", 409, "{\"error\":\"replica sync is disabled\"}");
+    kfx_expect(&sv, "/deregister_peer", "{\"url\":\"http://127.0.0.1:9\"}", 409,
+               "{\"error\":\"replica sync is disabled\"}");
+    kfx_expect_get(&sv, "/peers", 200, "[]");
+    kfx_expect(&sv, "/replica/events", "{\"source\":\"1\",\"events\":[]}", 409, "{\"error\":\"replica sync is disabled\"}");
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+
+    /* on: 201 new, 200 known, sorted, 404 unknown, 400 bad or self */
+    const char *extra[] = {"--replica-sync-peers", "http://127.0.0.1:9/,http://127.0.0.1:7", "--replica-sync-advertise",
+                           "http://me:8091", NULL};
+    start_slots(&d, &sv, extra, NULL);
+    kfx_expect_get(&sv, "/peers", 200, "[\"http://127.0.0.1:7\",\"http://127.0.0.1:9\"]");
+    kfx_expect(&sv, "/register_peer", "{\"url\":\"http://127.0.0.1:8\"}", 201, OK);
+    kfx_expect(&sv, "/register_peer", "{\"url\":\"http://127.0.0.1:8\"}", 200, OK);
+    kfx_expect(&sv, "/register_peer", "{\"url\":\"http://127.0.0.1:8/\"}", 200, OK);
+    kfx_expect(&sv, "/register_peer", "{\"url\":\"tcp://127.0.0.1:8092\"}", 400,
+               "{\"error\":\"peer url must be an http:// or https:// base URL\"}");
+    kfx_expect(&sv, "/register_peer", "{\"url\":\"http://me:8091\"}", 400,
+               "{\"error\":\"cannot register this replica's own advertised url as a peer\"}");
+    kfx_expect(&sv, "/register_peer", "{\"uri\":\"http://x:1\"}", 422, NULL);
+    kfx_expect_get(&sv, "/peers", 200, "[\"http://127.0.0.1:7\",\"http://127.0.0.1:8\",\"http://127.0.0.1:9\"]");
+    kfx_expect(&sv, "/deregister_peer", "{\"url\":\"http://127.0.0.1:7\"}", 200, OK);
+    kfx_expect(&sv, "/deregister_peer", "{\"url\":\"http://127.0.0.1:7\"}", 404, "{\"error\":\"peer not found\"}");
+    kfx_expect_get(&sv, "/peers", 200, "[\"http://127.0.0.1:8\",\"http://127.0.0.1:9\"]");
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
+static void test_admin_token(void **state)
+{
+    (void)state;
+    struct kfx_daemon d, sv;
+    const char *extra[] = {"--admin-token", "s3cret", "--replica-sync", NULL};
+    start_slots(&d, &sv, extra, NULL);
+    const char *j = "{\"worker_id\":1,\"model_name\":\"m\",\"block_size\":16,\"dp_start\":0,\"dp_size\":1}";
+    kfx_expect(&sv, "/register", j, 401, NULL);
+    kfx_expect(&sv, "/register_peer", "{\"url\":\"http://x:1\"}", 401, NULL);
+    struct kfx_resp r;
+    const char *h[] = {"Content-Type: application/json", "Authorization: Bearer s3cret", NULL};
+    assert_int_equal(kfx_http(&sv, KFX_H1, "POST", "/register", h, j, strlen(j), &r), 201);
+    kfx_resp_free(&r);
+    /* lifecycle writes and reads stay open (a router's hot path) */
+    add(&sv, "m", "r", 1, 0, "1", 0, 201, OK);
+    life(&sv, "/free", "m", "r", 200, OK);
+    kfx_expect_get(&sv, "/workers", 200, NULL);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
+static void test_slot_port_switch(void **state)
+{
+    (void)state;
+    /* --slot-port 0: no slot port; /route still answers (no tracker) */
+    struct kfx_daemon d;
+    const char *off[] = {"--slot-port", "0", NULL};
+    kfx_start(&d, off, NULL);
+    kfx_expect(&d, "/route", "{\"model_name\":\"m\",\"token_ids\":[1,2,3,4]}", 404,
+               "{\"error\":\"no slot tracker for model=m tenant=default\"}");
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+
+    /* an explicit port that is taken is fatal (exit 1) */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    socklen_t al = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    char port[16];
+    snprintf(port, sizeof port, "%u", ntohs(a.sin_port));
+    const char *taken[] = {"--host", "127.0.0.1", "--slot-port", port, NULL};
+    assert_int_equal(kfx_start_rc(&d, taken, NULL), 1);
+    unlink(d.logfile);
+    close(fd);
+    /* bad values */
+    const char *bad[] = {"--slot-port", "x", NULL};
+    assert_int_equal(kfx_start_rc(&d, bad, NULL), 2);
+    unlink(d.logfile);
+    const char *bad2[] = {"--replica-sync-peers", "tcp://a:1", NULL};
+    assert_int_equal(kfx_start_rc(&d, bad2, NULL), 1);
+    unlink(d.logfile);
+}
+
+int main(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_topology, teardown),
+        cmocka_unit_test_teardown(test_lifecycle_and_loads, teardown),
+        cmocka_unit_test_teardown(test_framework_errors_and_h2, teardown),
+        cmocka_unit_test_teardown(test_peers, teardown),
+        cmocka_unit_test_teardown(test_admin_token, teardown),
+        cmocka_unit_test_teardown(test_slot_port_switch, teardown),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    curl_global_cleanup();
+    return rc;
+}
