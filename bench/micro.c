@@ -18,6 +18,13 @@
  * fields): on a shared, oversubscribed machine wall-clock figures include the
  * time the thread was descheduled, CPU time does not.
  * Prints a table, then one JSON line.
+ *
+ * --replay runs a different measurement instead: the Mooncake trace's KV
+ * events (kvidx-bench trace's workload: mock engines, LRU eviction, opaque
+ * engine hashes) applied on this one thread straight to the index, no rings
+ * and no queries, so that the writer's cost per stored and removed block can
+ * be measured alone (thread CPU time; callgrind with --toggle-collect on
+ * kvi_index_store / kvi_index_remove for instruction counts).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -29,6 +36,7 @@
 #include <time.h>
 
 #include "bench/bench.h"
+#include "bench/trace.h"
 #include "engine/common.h"
 #include "engine/index.h"
 #include "engine/rcu.h"
@@ -248,12 +256,119 @@ static struct qstat readers_run(struct kvi_index *ix, const struct shape *s, int
     return st;
 }
 
+/* ---- trace event replay ------------------------------------------------------ */
+
+struct replay_cfg {
+    const char *trace; /* path, "synthetic", or "" for the default trace */
+    uint32_t block_size, gpu_blocks, workers, reps;
+};
+
+static int replay_run(const struct replay_cfg *rc)
+{
+    struct kvi_trace t;
+    kvi_trace_init(&t);
+    char path[4096] = "";
+    if (strcmp(rc->trace, "synthetic") != 0) {
+        if (rc->trace[0])
+            snprintf(path, sizeof path, "%s", rc->trace);
+        else if (!kvi_trace_find_default(path, sizeof path))
+            path[0] = 0;
+    }
+    if (path[0]) {
+        char err[512];
+        if (kvi_trace_load(&t, path, err, sizeof err) < 0) {
+            fprintf(stderr, "micro --replay: %s\n", err);
+            return 1;
+        }
+    } else {
+        struct kvi_trace_synth_cfg sc;
+        kvi_trace_synth_defaults(&sc);
+        kvi_trace_synthesize(&t, &sc);
+    }
+    struct kvi_trace_workload_cfg wc;
+    kvi_trace_workload_defaults(&wc);
+    wc.block_size = rc->block_size;
+    wc.gpu_blocks = rc->gpu_blocks;
+    wc.n_workers = rc->workers;
+    struct kvi_trace_workload w;
+    if (kvi_trace_workload_build(&w, &t, &wc, NULL, NULL) < 0) {
+        fprintf(stderr, "micro --replay: invalid workload configuration\n");
+        kvi_trace_free(&t);
+        return 2;
+    }
+    printf("kvidx micro --replay: %s, %u workers, block %u tokens, %u gpu blocks per worker\n"
+           "  %llu stored events (%llu blocks), %llu removed events (%llu blocks), applied on one thread, x%u\n",
+           t.name, w.n_workers_total, wc.block_size, wc.gpu_blocks, (unsigned long long)w.st.stores,
+           (unsigned long long)w.st.stored_blocks, (unsigned long long)w.st.removes,
+           (unsigned long long)w.st.removed_blocks, rc->reps);
+    size_t maxn = 1;
+    for (size_t i = 0; i < w.n; i++)
+        maxn = KVI_MAX(maxn, (size_t)w.e[i].n);
+    struct kvi_block *b = kvi_xmalloc(maxn * sizeof *b);
+    double best_cpu = 0, best_store = 0, best_remove = 0;
+    uint64_t rejected = 0;
+    for (uint32_t rep = 0; rep < rc->reps; rep++) {
+        struct kvi_index_config icfg = {.block_size = wc.block_size, .n_parts = 1, .key_seed = 42};
+        struct kvi_index *ix = kvi_index_create(&icfg);
+        uint32_t *dense = kvi_xmalloc(w.n_workers_total * sizeof(uint32_t));
+        for (uint32_t i = 0; i < w.n_workers_total; i++)
+            dense[i] = (uint32_t)kvi_index_intern_instance(ix, i, NULL, false);
+        /* one thread-cpu clock read per event: the time since the previous
+         * read goes to the event's kind (the read's own cost is shared) */
+        uint64_t cpu_store = 0, cpu_remove = 0, blocks = 0;
+        rejected = 0;
+        uint64_t c0 = cpu_ns(), prev = c0;
+        for (size_t i = 0; i < w.n; i++) {
+            const struct kvi_trace_entry *e = &w.e[i];
+            if (e->kind == KVI_TRACE_QUERY)
+                continue;
+            if (e->kind == KVI_TRACE_REMOVE) {
+                kvi_index_remove(ix, dense[e->worker], 0, KVI_TIER_GPU, e->engine_hash, e->n);
+            } else {
+                for (uint32_t j = 0; j < e->n; j++)
+                    b[j] = (struct kvi_block){e->engine_hash[j], e->content[j]};
+                if (kvi_index_store(ix, dense[e->worker], 0, KVI_TIER_GPU, e->has_parent, e->parent, b, e->n) != 0)
+                    rejected++;
+            }
+            uint64_t now = cpu_ns();
+            *(e->kind == KVI_TRACE_REMOVE ? &cpu_remove : &cpu_store) += now - prev;
+            prev = now;
+            blocks += e->n;
+        }
+        double cpu = (double)(prev - c0) / (double)blocks;
+        double ws = (double)cpu_store / (double)w.st.stored_blocks, wr = (double)cpu_remove / (double)w.st.removed_blocks;
+        printf("  run %u: thread cpu ns per block: %.1f per block-op (store + remove), store %.1f, remove %.1f\n",
+               rep + 1, cpu, ws, wr);
+        if (rep == 0 || cpu < best_cpu) {
+            best_cpu = cpu;
+            best_store = ws;
+            best_remove = wr;
+        }
+        kvi_index_destroy(ix);
+        free(dense);
+    }
+    printf("{\"bench\":\"micro-replay\",\"trace\":\"%s\",\"block_size\":%u,\"stored_blocks\":%llu,"
+           "\"removed_blocks\":%llu,\"rejected\":%llu,\"cpu_ns_per_block_op\":%.1f,\"store_cpu_ns_per_block\":%.1f,"
+           "\"remove_cpu_ns_per_block\":%.1f}\n",
+           t.name, wc.block_size, (unsigned long long)w.st.stored_blocks, (unsigned long long)w.st.removed_blocks,
+           (unsigned long long)rejected, best_cpu, best_store, best_remove);
+    free(b);
+    kvi_trace_workload_free(&w);
+    kvi_trace_free(&t);
+    return 0;
+}
+
 static void usage(void)
 {
     printf("usage: kvidx-bench micro [--seqs N] [--depth D] [--workers W] [--replicas R]\n"
            "                         [--queries Q] [--reader-secs S] [--seed X]\n"
+           "       kvidx-bench micro --replay [PATH|synthetic] [--replay-block-size B]\n"
+           "                         [--replay-gpu-blocks N] [--workers W] [--replay-reps R]\n"
            "defaults: 1024 sequences x 1024 blocks (1 M blocks), 128 workers, 1 replica,\n"
-           "          20000 queries per measurement, 2 s per reader run, seed 42\n");
+           "          20000 queries per measurement, 2 s per reader run, seed 42\n"
+           "--replay: the trace's stored/removed events (kvidx-bench trace's workload, default\n"
+           "          conversation trace, block 128, 2048 gpu blocks per worker) applied on one\n"
+           "          thread, best of R = 3 runs: writer cost per block without rings or queries\n");
 }
 
 int kvi_bench_micro(int argc, char **argv)
@@ -264,8 +379,11 @@ int kvi_bench_micro(int argc, char **argv)
         {"workers", required_argument, NULL, 'w'}, {"replicas", required_argument, NULL, 'r'},
         {"queries", required_argument, NULL, 'q'}, {"reader-secs", required_argument, NULL, 't'},
         {"seed", required_argument, NULL, 'x'},    {"help", no_argument, NULL, 'h'},
+        {"replay", optional_argument, NULL, 'R'},  {"replay-block-size", required_argument, NULL, 'B'},
+        {"replay-gpu-blocks", required_argument, NULL, 'G'}, {"replay-reps", required_argument, NULL, 'N'},
         {NULL, 0, NULL, 0},
     };
+    struct replay_cfg rcfg = {NULL, 128, 2048, 128, 3};
     int o;
     optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -277,9 +395,22 @@ int kvi_bench_micro(int argc, char **argv)
         case 'q': c.queries = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 't': c.reader_secs = strtod(optarg, NULL); break;
         case 'x': c.seed = strtoull(optarg, NULL, 10); break;
+        case 'R': rcfg.trace = optarg ? optarg : (optind < argc && argv[optind][0] != '-' ? argv[optind++] : ""); break;
+        case 'B': rcfg.block_size = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'G': rcfg.gpu_blocks = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'N': rcfg.reps = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }
+    }
+    if (rcfg.trace != NULL) {
+        rcfg.workers = c.workers;
+        if (rcfg.reps == 0)
+            rcfg.reps = 1;
+        kvi_rcu_register_thread();
+        int rc = replay_run(&rcfg);
+        kvi_rcu_unregister_thread();
+        return rc;
     }
     if (c.seqs < 2 || c.depth < 2 || c.workers == 0 || c.replicas == 0 || c.replicas > c.workers ||
         c.replicas > 256 || c.queries == 0) {

@@ -10,15 +10,19 @@
  *   Publication: an entry is fully initialised before its index is stored
  *   into a table slot with release (W1); readers load slots with acquire (R1).
  *   Member counts and member arrays are published with release after the
- *   members they describe (W2/R2). An entry's `one` is meaningful only while
- *   its `many` is NULL; releasing an entry clears `one` before it drops
- *   `many` (W4, pairs with R2). Tables are replaced copy-on-write on resize
+ *   members they describe (W2/R2). An entry's `one` says whether its members
+ *   are one slot or a member array at `mv`; the array pointer is stored
+ *   before `one` turns to KVI_MANY_BIT, and readers load `one` first (W2/R2).
+ *   Releasing an entry sets `one` to KVI_NONE and retires the array, which
+ *   `mv` keeps naming until the entry is recycled (W4, pairs with R2).
+ *   Tables are replaced copy-on-write on resize
  *   (W3/R3); a partition's seq table appears the same way, built whole by
  *   the writer once anything asks for seq tables (ix->seq_wanted). Children
  *   are linked into their parent's child list after they are initialised
- *   (W5) and unlinked in place (RCU list), for the seq walks of partitions
- *   without a seq table (R5). Entries, member arrays and old tables are
- *   recycled only after a grace period (kvi_index_reclaim).
+ *   (W5) and unlinked in place in O(1) through a writer-only back link (RCU
+ *   list), for the seq walks of partitions without a seq table (R5).
+ *   Entries, member arrays and old tables are recycled only after a grace
+ *   period (kvi_index_reclaim).
  *
  *   Nesting: stores add members parent-first; removals and clears remove
  *   them child-first. Hence at every instant a gpu slot holding entry E also
@@ -158,9 +162,28 @@ void kvi_index_reclaim(struct kvi_index *ix, uint32_t part)
 
 /* ---- tables ---------------------------------------------------------------- */
 
+/* Which key a table maps, to verify candidates. */
+enum tab_kind { TAB_KEY, TAB_SEQ, TAB_MAP };
+
+/* Table tag of a hash that others choose (engine hashes, standard seq
+ * hashes): mixed with the index's secret table seed. */
 static inline uint32_t tab_tag(const struct kvi_index *ix, uint64_t key)
 {
     return (uint32_t)(fmix64(key ^ ix->tseed) >> 32);
+}
+
+/* Table tag of a prefix key: its top half. K is already a mix under the
+ * index's secrets (key_step sums fmix64 outputs; stand-in keys are fmix64 of
+ * a secret xor), so mixing it again adds nothing.
+ * measured (kvidx-bench micro --replay, callgrind): see the commit. */
+static inline uint32_t key_tag(uint64_t key)
+{
+    return (uint32_t)(key >> 32);
+}
+
+static inline uint32_t kind_tag(const struct kvi_index *ix, enum tab_kind kind, uint64_t key)
+{
+    return kind == TAB_KEY ? key_tag(key) : tab_tag(ix, key);
 }
 
 /* A key's home slot is the top bits of its 32-bit tag: a rehash places every
@@ -229,8 +252,6 @@ static size_t tab_bytes(const struct kvi_tab *t)
     return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint64_t);
 }
 
-/* Which key a table maps, to verify candidates. */
-enum tab_kind { TAB_KEY, TAB_SEQ, TAB_MAP };
 
 struct tab_ctx {
     const struct kvi_index *ix;
@@ -253,13 +274,13 @@ static inline uint64_t tab_key_of(const struct tab_ctx *c, uint32_t idx, bool *o
     return 0;
 }
 
-/* Reader lookup (also used by the writer). Returns the entry index or NONE. */
-static inline uint32_t tab_find(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key)
+/* Reader lookup (also used by the writer) of key, whose tag is `tag`.
+ * Returns the entry index or NONE. */
+static inline uint32_t tab_find_t(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key, uint32_t tag)
 {
     const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_acquire); /* R3 */
     if (t == NULL)
         return KVI_NONE;
-    uint32_t tag = tab_tag(c->ix, key);
     for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_acquire); /* R1 */
         if (s == 0)
@@ -273,14 +294,18 @@ static inline uint32_t tab_find(const struct tab_ctx *c, const struct kvi_table 
     }
 }
 
+static inline uint32_t tab_find(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key)
+{
+    return tab_find_t(c, tb, key, kind_tag(c->ix, c->kind, key));
+}
+
 /* The entry of the first slot whose tag matches key's (unverified: for
  * prefetching the entry a lookup is about to verify), or KVI_NONE. Writer. */
-static inline uint32_t tab_peek(const struct kvi_index *ix, const struct kvi_table *tb, uint64_t key)
+static inline uint32_t tab_peek_t(const struct kvi_table *tb, uint32_t tag)
 {
     const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_relaxed);
     if (t == NULL)
         return KVI_NONE;
-    uint32_t tag = tab_tag(ix, key);
     for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_relaxed);
         if (s == 0)
@@ -290,11 +315,11 @@ static inline uint32_t tab_peek(const struct kvi_index *ix, const struct kvi_tab
     }
 }
 
-static void tab_prefetch(const struct kvi_index *ix, const struct kvi_table *tb, uint64_t key)
+static inline void tab_prefetch_t(const struct kvi_table *tb, uint32_t tag)
 {
-    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_acquire);
+    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_relaxed);
     if (t != NULL)
-        __builtin_prefetch(&t->s[tab_home(t, tab_tag(ix, key))]);
+        __builtin_prefetch(&t->s[tab_home(t, tag)]);
 }
 
 static void tab_insert_raw(struct kvi_tab *t, uint32_t tag, uint32_t idx)
@@ -340,7 +365,8 @@ static void tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, b
 #define TAB_MAX_LOAD_NUM 3 /* grow past 3/4 used (live + tombstones) */
 #define TAB_MAX_LOAD_DEN 4
 
-static void tab_insert(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t key, uint32_t idx)
+/* Insert entry idx under a key whose tag is `tag` (W1). Writer. */
+static void tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag, uint32_t idx)
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL) {
@@ -353,7 +379,7 @@ static void tab_insert(struct kvi_part *p, const struct tab_ctx *c, struct kvi_t
         tab_rehash(p, tb, cap, c->kind != TAB_MAP);
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     }
-    tab_insert_raw(t, tab_tag(c->ix, key), idx);
+    tab_insert_raw(t, tag, idx);
 }
 
 /* Writer-only tables (slot maps): delete by shifting the rest of the probe run
@@ -384,13 +410,13 @@ static void tab_delete_shift(struct kvi_part *p, struct kvi_table *tb, uint32_t 
         tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, false);
 }
 
-/* Tombstone the slot holding (key, idx). Shrinks when mostly empty. */
-static void tab_delete(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t key, uint32_t idx)
+/* Tombstone the slot holding (a key with tag `tag`, idx); slot maps shift
+ * instead. Shrinks when mostly empty. Writer. */
+static void tab_delete_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag, uint32_t idx)
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL)
         return;
-    uint32_t tag = tab_tag(c->ix, key);
     for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
         uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
         if (s == 0)
@@ -472,21 +498,44 @@ static void stab_need(struct kvi_index *ix, struct kvi_part *p)
 
 /* ---- members ---------------------------------------------------------------- */
 
+/* The member array of e, or NULL while e has at most one member. Writer. */
+static inline struct kvi_mset *entry_mset(const struct kvi_entry *e)
+{
+    if (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) != KVI_MANY_BIT)
+        return NULL;
+    return kvi__mset(e, memory_order_relaxed);
+}
+
+/* The member array of e for a reader, or NULL with *one = the single member
+ * slot (KVI_NONE if none). Reader (acquire: R2). */
+static inline struct kvi_mset *entry_members(const struct kvi_entry *e, uint32_t *one)
+{
+    uint32_t o = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire); /* R2 */
+    *one = o & KVI_SLOT_MASK;
+    return o == KVI_MANY_BIT ? kvi__mset(e, memory_order_acquire) : NULL;
+}
+
+/* Position of slot's member in ms, or -1. Writer. */
+static inline int32_t mset_find(const struct kvi_mset *ms, uint32_t slot)
+{
+    uint32_t n = atomic_load_explicit(&((struct kvi_mset *)ms)->n, memory_order_relaxed);
+    for (uint32_t i = 0; i < n; i++)
+        if (kvi__member_slot(atomic_load_explicit(&((struct kvi_mset *)ms)->m[i].w, memory_order_relaxed)) == slot)
+            return (int32_t)i;
+    return -1;
+}
+
 static uint64_t member_eh(const struct kvi_entry *e, uint32_t slot, bool *found)
 {
-    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_relaxed);
-    if (ms == NULL) {
-        *found = (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) & KVI_SLOT_MASK) == slot;
-        return e->one_eh;
+    uint32_t one = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed);
+    if (one != KVI_MANY_BIT) {
+        *found = (one & KVI_SLOT_MASK) == slot && slot != KVI_NONE;
+        return atomic_load_explicit(&((struct kvi_entry *)e)->mv, memory_order_relaxed);
     }
-    uint32_t n = atomic_load_explicit(&ms->n, memory_order_relaxed);
-    for (uint32_t i = 0; i < n; i++)
-        if (ms->m[i].slot == slot) {
-            *found = true;
-            return ms->m[i].eh;
-        }
-    *found = false;
-    return 0;
+    struct kvi_mset *ms = kvi__mset(e, memory_order_relaxed);
+    int32_t k = mset_find(ms, slot);
+    *found = k >= 0;
+    return k >= 0 ? ms->m[k].eh : 0;
 }
 
 static bool has_member(const struct kvi_entry *e, uint32_t slot)
@@ -505,14 +554,43 @@ static size_t mset_bytes(uint32_t cap)
  * root at position > 0)? Writer only. */
 static bool member_is_root(const struct kvi_entry *e, uint32_t slot)
 {
-    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_relaxed);
+    struct kvi_mset *ms = entry_mset(e);
     if (ms == NULL)
         return (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) & KVI_ROOT_BIT) != 0;
-    uint32_t n = atomic_load_explicit(&ms->n, memory_order_relaxed);
-    for (uint32_t i = 0; i < n; i++)
-        if (ms->m[i].slot == slot)
-            return (ms->m[i].tier & KVI_MEMBER_ROOT) != 0;
-    return false;
+    int32_t k = mset_find(ms, slot);
+    return k >= 0 && (kvi__member_tier(atomic_load_explicit(&ms->m[k].w, memory_order_relaxed)) & KVI_MEMBER_ROOT);
+}
+
+/* A new member array of capacity cap holding the live members of ms (or, when
+ * ms is NULL, e's single member), compacted. Not yet published. Writer. */
+static struct kvi_mset *mset_copy(const struct kvi_index *ix, struct kvi_part *p, const struct kvi_entry *e,
+                                  const struct kvi_mset *ms, uint32_t cap)
+{
+    struct kvi_mset *nm = kvi_xmalloc(mset_bytes(cap));
+    part_account(p, (int64_t)mset_bytes(cap));
+    nm->cap = cap;
+    nm->_pad = 0;
+    uint32_t j = 0;
+    if (ms == NULL) {
+        uint32_t one = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed);
+        uint32_t os = one & KVI_SLOT_MASK;
+        uint8_t tier = (uint8_t)(kvi__slot(ix, os)->tier | ((one & KVI_ROOT_BIT) ? KVI_MEMBER_ROOT : 0));
+        atomic_store_explicit(&nm->m[0].w, kvi__member_w(os, tier), memory_order_relaxed);
+        nm->m[0].eh = atomic_load_explicit(&((struct kvi_entry *)e)->mv, memory_order_relaxed);
+        j = 1;
+    } else {
+        uint32_t n = atomic_load_explicit(&((struct kvi_mset *)ms)->n, memory_order_relaxed);
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t w = atomic_load_explicit(&((struct kvi_mset *)ms)->m[i].w, memory_order_relaxed);
+            if (w == 0)
+                continue;
+            atomic_store_explicit(&nm->m[j].w, w, memory_order_relaxed);
+            nm->m[j++].eh = ms->m[i].eh;
+        }
+    }
+    nm->live = j;
+    atomic_store_explicit(&nm->n, j, memory_order_relaxed);
+    return nm;
 }
 
 static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kvi_entry *e, uint32_t slot,
@@ -521,87 +599,84 @@ static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kv
     /* G1: bumped before any release store below, so a reader that observes
      * this change also observes the bump (pairs with G2 in find_core) */
     kvi_relaxed_add(&p->wgen, 1);
-    struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
+    struct kvi_mset *ms = entry_mset(e);
+    uint64_t w = kvi__member_w(slot, (uint8_t)(tier | (root ? KVI_MEMBER_ROOT : 0)));
     if (ms == NULL && atomic_load_explicit(&e->one, memory_order_relaxed) == KVI_NONE) {
-        e->one_eh = eh;
+        atomic_store_explicit(&e->mv, eh, memory_order_relaxed);
         atomic_store_explicit(&e->one, slot | (root ? KVI_ROOT_BIT : 0), memory_order_release); /* W2 */
+    } else if (ms != NULL && ms->live < atomic_load_explicit(&ms->n, memory_order_relaxed)) {
+        /* into a free position: no live member moves */
+        uint32_t i = 0;
+        while (atomic_load_explicit(&ms->m[i].w, memory_order_relaxed) != 0)
+            i++;
+        ms->m[i].eh = eh;
+        atomic_store_explicit(&ms->m[i].w, w, memory_order_release); /* W2 */
+        ms->live++;
+    } else if (ms != NULL && ms->live < ms->cap) {
+        uint32_t n = atomic_load_explicit(&ms->n, memory_order_relaxed);
+        ms->m[n].eh = eh;
+        atomic_store_explicit(&ms->m[n].w, w, memory_order_release);
+        atomic_store_explicit(&ms->n, n + 1, memory_order_release); /* W2 */
+        ms->live++;
     } else {
-        uint32_t n = ms ? atomic_load_explicit(&ms->n, memory_order_relaxed) : 1;
-        if (ms == NULL || n == ms->cap) {
-            uint32_t cap = ms ? ms->cap * 2 : 4;
-            struct kvi_mset *nm = kvi_xmalloc(mset_bytes(cap));
-            part_account(p, (int64_t)mset_bytes(cap));
-            nm->cap = cap;
-            if (ms == NULL) {
-                uint32_t one = atomic_load_explicit(&e->one, memory_order_relaxed);
-                uint32_t os = one & KVI_SLOT_MASK;
-                nm->m[0] = (struct kvi_member){
-                    .slot = os,
-                    .tier = (uint8_t)(kvi__slot(ix, os)->tier | ((one & KVI_ROOT_BIT) ? KVI_MEMBER_ROOT : 0)),
-                    .eh = e->one_eh,
-                };
-            } else {
-                memcpy(nm->m, ms->m, n * sizeof(struct kvi_member));
-            }
-            atomic_store_explicit(&nm->n, n, memory_order_relaxed);
-            nm->m[n] = (struct kvi_member){.slot = slot, .tier = (uint8_t)(tier | (root ? KVI_MEMBER_ROOT : 0)), .eh = eh};
-            atomic_store_explicit(&nm->n, n + 1, memory_order_relaxed);
-            atomic_store_explicit(&e->many, nm, memory_order_release); /* W2 */
-            if (ms != NULL)
-                retire(p, ms, mset_bytes(ms->cap));
-        } else {
-            ms->m[n] = (struct kvi_member){.slot = slot, .tier = (uint8_t)(tier | (root ? KVI_MEMBER_ROOT : 0)), .eh = eh};
-            atomic_store_explicit(&ms->n, n + 1, memory_order_release); /* W2 */
-        }
+        struct kvi_mset *nm = mset_copy(ix, p, e, ms, ms ? ms->cap * 2 : 4);
+        uint32_t n = nm->live;
+        atomic_store_explicit(&nm->m[n].w, w, memory_order_relaxed);
+        nm->m[n].eh = eh;
+        nm->live = n + 1;
+        atomic_store_explicit(&nm->n, n + 1, memory_order_relaxed);
+        atomic_store_explicit(&e->mv, (uint64_t)(uintptr_t)nm, memory_order_release); /* W2 */
+        if (ms != NULL)
+            retire(p, ms, mset_bytes(ms->cap));
+        else /* from now on the members are in mv; a reader that loaded the
+              * single slot before keeps that (consistent) snapshot */
+            atomic_store_explicit(&e->one, KVI_MANY_BIT, memory_order_release); /* W2 */
     }
     if (tier == KVI_TIER_GPU)
         atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) + 1,
                               memory_order_release); /* W2 */
 }
 
-static void member_del(struct kvi_part *p, struct kvi_entry *e, uint32_t slot, uint8_t tier)
+/*
+ * Remove slot's member of e. In an array the member's position is freed in
+ * place (no live member moves: see struct kvi_mset), and the array is
+ * replaced only when a quarter or less of it is live.
+ * measured (kvidx-bench micro --replay, conversation trace: about half of the
+ * removals hit an entry with a member array), copy-on-write of the whole
+ * array on every removal before: see the commit message.
+ */
+static void member_del(const struct kvi_index *ix, struct kvi_part *p, struct kvi_entry *e, uint32_t slot,
+                       uint8_t tier)
 {
     kvi_relaxed_add(&p->wgen, 1); /* G1, as in member_add */
     if (tier == KVI_TIER_GPU) /* count first: readers never see more gpu members than exist */
         atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) - 1,
                               memory_order_release);
-    struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
+    struct kvi_mset *ms = entry_mset(e);
     if (ms == NULL) {
         atomic_store_explicit(&e->one, KVI_NONE, memory_order_release);
-        e->one_eh = 0;
+        atomic_store_explicit(&e->mv, 0, memory_order_relaxed);
         return;
     }
-    uint32_t n = atomic_load_explicit(&ms->n, memory_order_relaxed);
-    if (n == 1) {
-        /* keep the array (readers may hold it); an empty set is n = 0 */
-        struct kvi_mset *nm = kvi_xmalloc(mset_bytes(4));
-        part_account(p, (int64_t)mset_bytes(4));
-        nm->cap = 4;
-        atomic_store_explicit(&nm->n, 0, memory_order_relaxed);
-        atomic_store_explicit(&e->many, nm, memory_order_release);
+    int32_t k = mset_find(ms, slot);
+    if (k < 0)
+        return;
+    atomic_store_explicit(&ms->m[k].w, 0, memory_order_release); /* W2 */
+    ms->m[k].eh = 0;
+    ms->live--;
+    /* an empty array stays (the entry is released next, or refilled) */
+    if (ms->live > 0 && ms->live <= ms->cap / 4 && ms->cap > 4) {
+        struct kvi_mset *nm = mset_copy(ix, p, e, ms, ms->cap / 2);
+        atomic_store_explicit(&e->mv, (uint64_t)(uintptr_t)nm, memory_order_release); /* W2 */
         retire(p, ms, mset_bytes(ms->cap));
-        return;
     }
-    uint32_t cap = ms->cap;
-    if (n - 1 <= cap / 4 && cap > 4)
-        cap /= 2;
-    struct kvi_mset *nm = kvi_xmalloc(mset_bytes(cap));
-    part_account(p, (int64_t)mset_bytes(cap));
-    nm->cap = cap;
-    uint32_t j = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (ms->m[i].slot != slot)
-            nm->m[j++] = ms->m[i];
-    atomic_store_explicit(&nm->n, j, memory_order_relaxed);
-    atomic_store_explicit(&e->many, nm, memory_order_release); /* W2 */
-    retire(p, ms, mset_bytes(ms->cap));
 }
 
 static bool entry_empty(const struct kvi_entry *e)
 {
-    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_relaxed);
+    struct kvi_mset *ms = entry_mset(e);
     if (ms != NULL)
-        return atomic_load_explicit(&ms->n, memory_order_relaxed) == 0;
+        return ms->live == 0;
     return atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) == KVI_NONE;
 }
 
@@ -641,8 +716,43 @@ static uint32_t entry_alloc(struct kvi_part *p)
     return idx;
 }
 
-static uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key, uint64_t seq, uint64_t content,
-                          bool no_content, uint32_t pos, uint32_t parent)
+/* Link initialised entry idx first in parent's child list (W5: a seq walk
+ * that reaches idx sees it whole). Writer. */
+static void child_link(struct kvi_part *p, uint32_t parent, uint32_t idx)
+{
+    struct kvi_entry *pe = kvi__entry(p, parent), *e = kvi__entry(p, idx);
+    uint32_t head = atomic_load_explicit(&pe->first_child, memory_order_relaxed);
+    atomic_store_explicit(&e->next_sibling, head, memory_order_relaxed);
+    e->prev_sibling = KVI_NONE;
+    if (head != KVI_NONE)
+        kvi__entry(p, head)->prev_sibling = idx;
+    atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5: pairs with R5 (seq_walk) */
+}
+
+/* Unlink idx from parent's child list in O(1) (RCU list: a seq walk standing
+ * on idx still follows idx's own next_sibling, which stays as it is until idx
+ * is recycled after a grace period). Writer.
+ * Finding the predecessor by walking a singly linked list cost a cache miss
+ * per sibling. measured (kvidx-bench micro --replay, thread cpu ns per removed
+ * block, 3 interleaved runs each): conversation trace 251.7 / 250.8 / 245.8
+ * -> 105.8 / 104.2 / 105.0; synthetic trace 621.9 / 632.6 -> 91.3 / 100.4. */
+static void child_unlink(struct kvi_part *p, uint32_t parent, uint32_t idx)
+{
+    struct kvi_entry *e = kvi__entry(p, idx);
+    uint32_t next = atomic_load_explicit(&e->next_sibling, memory_order_relaxed), prev = e->prev_sibling;
+    if (prev == KVI_NONE)
+        atomic_store_explicit(&kvi__entry(p, parent)->first_child, next, memory_order_release);
+    else
+        atomic_store_explicit(&kvi__entry(p, prev)->next_sibling, next, memory_order_release);
+    if (next != KVI_NONE)
+        kvi__entry(p, next)->prev_sibling = prev;
+}
+
+/* A new entry for prefix key `key` (table tag ktag) and seq hash `seq`
+ * (table tag stag, used when the partition keeps a seq table), published in
+ * the query tables. Writer. */
+static uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key, uint32_t ktag, uint64_t seq,
+                          uint32_t stag, uint64_t content, bool no_content, uint32_t pos, uint32_t parent)
 {
     uint32_t idx = entry_alloc(p);
     struct kvi_entry *e = kvi__entry(p, idx);
@@ -650,23 +760,20 @@ static uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key
     e->pos = pos;
     atomic_store_explicit(&e->gpu_n, 0, memory_order_relaxed);
     atomic_store_explicit(&e->one, KVI_NONE, memory_order_relaxed);
-    atomic_store_explicit(&e->many, NULL, memory_order_relaxed);
+    atomic_store_explicit(&e->mv, 0, memory_order_relaxed);
     e->up = parent | (no_content ? KVI_UP_NO_CONTENT : 0);
     e->seq = seq;
     e->content = content;
-    e->one_eh = 0;
     atomic_store_explicit(&e->first_child, KVI_NONE, memory_order_relaxed);
     atomic_store_explicit(&e->next_sibling, KVI_NONE, memory_order_relaxed);
-    if (parent != KVI_NONE) {
-        struct kvi_entry *pe = kvi__entry(p, parent);
-        atomic_store_explicit(&e->next_sibling, atomic_load_explicit(&pe->first_child, memory_order_relaxed),
-                              memory_order_relaxed);
-        atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5: pairs with R5 (seq_walk) */
-    }
+    e->prev_sibling = KVI_NONE;
+    e->ktag = ktag;
+    if (parent != KVI_NONE)
+        child_link(p, parent, idx);
     struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
-    tab_insert(p, &kc, &p->ktab, key, idx); /* W1 */
+    tab_insert_t(p, &kc, &p->ktab, ktag, idx); /* W1 */
     if (stab_on(p))
-        tab_insert(p, &sc, &p->stab, seq, idx);
+        tab_insert_t(p, &sc, &p->stab, stag, idx);
     kvi_relaxed_add(&p->entries, 1);
     return idx;
 }
@@ -680,37 +787,22 @@ static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx
         if (!entry_empty(e) || atomic_load_explicit(&e->first_child, memory_order_relaxed) != KVI_NONE)
             return;
         uint32_t parent = entry_parent(e);
-        if (parent != KVI_NONE) {
-            /* unlink (RCU list): a seq walk standing on e still follows e's
-             * own next_sibling, which stays as it is until e is recycled */
-            struct kvi_entry *pe = kvi__entry(p, parent);
-            uint32_t next = atomic_load_explicit(&e->next_sibling, memory_order_relaxed);
-            if (atomic_load_explicit(&pe->first_child, memory_order_relaxed) == idx) {
-                atomic_store_explicit(&pe->first_child, next, memory_order_release);
-            } else {
-                struct kvi_entry *sib = kvi__entry(p, atomic_load_explicit(&pe->first_child, memory_order_relaxed));
-                while (atomic_load_explicit(&sib->next_sibling, memory_order_relaxed) != idx)
-                    sib = kvi__entry(p, atomic_load_explicit(&sib->next_sibling, memory_order_relaxed));
-                atomic_store_explicit(&sib->next_sibling, next, memory_order_release);
-            }
-        }
+        if (parent != KVI_NONE)
+            child_unlink(p, parent, idx);
         struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
-        tab_delete(p, &kc, &p->ktab, e->key, idx);
+        tab_delete_t(p, &kc, &p->ktab, e->ktag, idx);
         if (stab_on(p))
-            tab_delete(p, &sc, &p->stab, e->seq, idx);
-        struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
+            tab_delete_t(p, &sc, &p->stab, tab_tag(ix, e->seq), idx);
+        struct kvi_mset *ms = entry_mset(e);
         if (ms != NULL) {
             /* Readers still probing e (found before the tombstones above)
-             * fall back to `one` once `many` is NULL. `one` still names the
-             * member e had before it got a member array (member_add never
-             * clears it), a slot that may have been forgotten and recycled
-             * since: clear it first, so that a reader acquiring many == NULL
-             * (W4) sees no member. Without this, such a reader read a recycled
-             * slot's fields while another writer re-initialised them (the
-             * TSan report in writer_stress_test) and could credit that slot. */
-            atomic_store_explicit(&e->one, KVI_NONE, memory_order_relaxed);
-            e->one_eh = 0;
-            atomic_store_explicit(&e->many, NULL, memory_order_release); /* W4 */
+             * that load `one` from now on see no member (W4); those that
+             * loaded KVI_MANY_BIT before read the empty array, which mv keeps
+             * naming (retired: freed after a grace period). `one` never
+             * names a slot again while the array exists, so no reader can
+             * credit a slot that was forgotten and recycled since (the TSan
+             * report in writer_stress_test, with the old layout). */
+            atomic_store_explicit(&e->one, KVI_NONE, memory_order_release); /* W4 */
             retire(p, ms, mset_bytes(ms->cap));
         }
         if (p->n_pending == p->cap_pending) {
@@ -967,8 +1059,7 @@ void kvi_index_destroy(struct kvi_index *ix)
             for (uint32_t j = 0; j < KVI_ENTRY_CHUNK && (c << KVI_ENTRY_CHUNK_SHIFT) + j < p->next_fresh; j++) {
                 if ((c << KVI_ENTRY_CHUNK_SHIFT) + j == KVI_NONE)
                     continue; /* index 0 is never an entry */
-                struct kvi_mset *ms = atomic_load_explicit(&chunk[j].many, memory_order_relaxed);
-                free(ms);
+                free(entry_mset(&chunk[j])); /* released entries' arrays are in the retired list */
             }
             free(chunk);
         }
@@ -987,6 +1078,8 @@ void kvi_index_destroy(struct kvi_index *ix)
         free(p->sortbuf);
         free(p->pending_slots);
         free(p->runbuf);
+        free(p->dup_val);
+        free(p->dup_mark);
     }
     uint32_t ns = atomic_load(&ix->n_slot_ids);
     for (uint32_t c = 0; c <= (ns >> KVI_SLOT_CHUNK_SHIFT); c++) {
@@ -1019,22 +1112,32 @@ void kvi_index_set_jump(struct kvi_index *ix, uint32_t jump) { atomic_store(&ix-
 
 /* ---- slot maps (engine hash -> entry), writer only --------------------------- */
 
+/* The map functions take the engine hash's table tag (tab_tag), computed
+ * once per hash by callers that use it more than once. */
+static inline uint32_t map_find_t(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint64_t eh,
+                                  uint32_t tag)
+{
+    struct tab_ctx c = {ix, p, TAB_MAP, s->id};
+    return tab_find_t(&c, &s->map, eh, tag);
+}
+
 static uint32_t map_find(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint64_t eh)
 {
-    struct tab_ctx c = {ix, p, TAB_MAP, s->id};
-    return tab_find(&c, &s->map, eh);
+    return map_find_t(ix, p, s, eh, tab_tag(ix, eh));
 }
 
-static void map_insert(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint64_t eh, uint32_t idx)
+static void map_insert_t(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t tag,
+                         uint32_t idx)
 {
     struct tab_ctx c = {ix, p, TAB_MAP, s->id};
-    tab_insert(p, &c, &s->map, eh, idx);
+    tab_insert_t(p, &c, &s->map, tag, idx);
 }
 
-static void map_delete(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint64_t eh, uint32_t idx)
+static void map_delete_t(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t tag,
+                         uint32_t idx)
 {
     struct tab_ctx c = {ix, p, TAB_MAP, s->id};
-    tab_delete(p, &c, &s->map, eh, idx);
+    tab_delete_t(p, &c, &s->map, tag, idx);
 }
 
 static void stack_push(struct kvi_part *p, uint32_t *n, uint32_t v)
@@ -1050,7 +1153,7 @@ static void stack_push(struct kvi_part *p, uint32_t *n, uint32_t v)
 static void holding_drop(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx)
 {
     struct kvi_entry *e = kvi__entry(p, idx);
-    member_del(p, e, s->id, s->tier);
+    member_del(ix, p, e, s->id, s->tier);
     atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) - 1,
                           memory_order_relaxed);
     kvi_relaxed_add(&p->holdings, (uint64_t)-1);
@@ -1058,25 +1161,38 @@ static void holding_drop(struct kvi_index *ix, struct kvi_part *p, struct kvi_sl
     entry_release(ix, p, idx);
 }
 
-/* Remove slot s's holding of entry idx and every descendant s holds,
- * children before parents so that concurrent readers see nested sets. */
-static void holding_remove_cascade(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx)
+/* Remove slot s's holding of entry idx (named by an engine hash with map tag
+ * `tag`) and every descendant s holds, children before parents so that
+ * concurrent readers see nested sets. */
+static void holding_remove_cascade_t(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx,
+                                     uint32_t tag)
 {
     uint32_t n = 0;
-    stack_push(p, &n, idx);
-    for (uint32_t k = 0; k < n; k++) {
-        for (uint32_t c = atomic_load_explicit(&kvi__entry(p, p->stack[k])->first_child, memory_order_relaxed);
-             c != KVI_NONE; c = atomic_load_explicit(&kvi__entry(p, c)->next_sibling, memory_order_relaxed))
-            if (has_member(kvi__entry(p, c), s->id) && !member_is_root(kvi__entry(p, c), s->id))
-                stack_push(p, &n, c); /* a block placed by position is a root of its slot */
+    if (atomic_load_explicit(&kvi__entry(p, idx)->first_child, memory_order_relaxed) != KVI_NONE) {
+        stack_push(p, &n, idx);
+        for (uint32_t k = 0; k < n; k++) {
+            for (uint32_t c = atomic_load_explicit(&kvi__entry(p, p->stack[k])->first_child, memory_order_relaxed);
+                 c != KVI_NONE; c = atomic_load_explicit(&kvi__entry(p, c)->next_sibling, memory_order_relaxed))
+                if (has_member(kvi__entry(p, c), s->id) && !member_is_root(kvi__entry(p, c), s->id))
+                    stack_push(p, &n, c); /* a block placed by position is a root of its slot */
+        }
+        while (n > 1) {
+            uint32_t e_idx = p->stack[--n];
+            bool f;
+            uint64_t eh = member_eh(kvi__entry(p, e_idx), s->id, &f);
+            map_delete_t(ix, p, s, tab_tag(ix, eh), e_idx);
+            holding_drop(ix, p, s, e_idx);
+        }
     }
-    while (n > 0) {
-        uint32_t e_idx = p->stack[--n];
-        bool f;
-        uint64_t eh = member_eh(kvi__entry(p, e_idx), s->id, &f);
-        map_delete(ix, p, s, eh, e_idx);
-        holding_drop(ix, p, s, e_idx);
-    }
+    map_delete_t(ix, p, s, tag, idx);
+    holding_drop(ix, p, s, idx);
+}
+
+static void holding_remove_cascade(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx)
+{
+    bool f;
+    uint64_t eh = member_eh(kvi__entry(p, idx), s->id, &f);
+    holding_remove_cascade_t(ix, p, s, idx, tab_tag(ix, eh));
 }
 
 /* A run of blocks to store: engine hashes with content hashes, or engine
@@ -1114,8 +1230,11 @@ static inline uint64_t run_key(const struct kvi_index *ix, const struct run *r, 
 }
 
 /* Does the run repeat an engine hash, or contain its parent? O(n) with a
- * scratch open-addressing set in p->sortbuf. */
-static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t parent_eh, const struct run *r)
+ * scratch open-addressing set keyed by the hashes' map tags (mt[i] is block
+ * i's), whose positions are marked with a per-call generation instead of being
+ * cleared. */
+static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t parent_eh, const struct run *r,
+                               const uint32_t *mt)
 {
     size_t n = r->n, m = n + (has_parent ? 1 : 0);
     if (m < 2)
@@ -1133,53 +1252,60 @@ static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t par
     size_t cap = 16;
     while (cap < m * 2)
         cap *= 2;
-    if (cap * 2 > p->cap_sortbuf) {
-        p->cap_sortbuf = cap * 2;
-        p->sortbuf = kvi_xrealloc(p->sortbuf, p->cap_sortbuf * sizeof(uint64_t));
+    if (cap > p->cap_dup) {
+        free(p->dup_val);
+        free(p->dup_mark);
+        p->cap_dup = cap;
+        p->dup_val = kvi_xmalloc(cap * sizeof(uint64_t));
+        p->dup_mark = kvi_xcalloc(cap, sizeof(uint32_t));
+        p->dup_gen = 0;
     }
-    /* slots [0, cap): values; [cap, 2 cap): occupancy marks */
-    uint64_t *val = p->sortbuf, *used = p->sortbuf + cap;
-    memset(used, 0, cap * sizeof(uint64_t));
+    if (++p->dup_gen == 0) {
+        memset(p->dup_mark, 0, p->cap_dup * sizeof(uint32_t));
+        p->dup_gen = 1;
+    }
+    uint32_t gen = p->dup_gen;
     for (size_t i = 0; i < m; i++) {
         uint64_t v = i < n ? run_eh(r, i) : parent_eh;
-        for (size_t j = fmix64(v) & (cap - 1);; j = (j + 1) & (cap - 1)) {
-            if (!used[j]) {
-                used[j] = 1;
-                val[j] = v;
+        uint32_t h = i < n ? mt[i] : (uint32_t)fmix64(v);
+        for (size_t j = h & (cap - 1);; j = (j + 1) & (cap - 1)) {
+            if (p->dup_mark[j] != gen) {
+                p->dup_mark[j] = gen;
+                p->dup_val[j] = v;
                 break;
             }
-            if (val[j] == v)
+            if (p->dup_val[j] == v)
                 return true;
         }
     }
     return false;
 }
 
-/* Slot s holds entry idx under old_eh: name it eh instead. */
+/* Slot s holds entry idx under old_eh: name it eh (map tag `tag`) instead. */
 static void holding_rename(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx,
-                           uint64_t old_eh, uint64_t eh)
+                           uint64_t old_eh, uint64_t eh, uint32_t tag)
 {
     struct kvi_entry *e = kvi__entry(p, idx);
-    map_delete(ix, p, s, old_eh, idx);
-    struct kvi_mset *ms = atomic_load_explicit(&e->many, memory_order_relaxed);
+    map_delete_t(ix, p, s, tab_tag(ix, old_eh), idx);
+    struct kvi_mset *ms = entry_mset(e);
     if (ms == NULL) {
-        e->one_eh = eh;
+        atomic_store_explicit(&e->mv, eh, memory_order_relaxed);
     } else {
-        uint32_t mn = atomic_load_explicit(&ms->n, memory_order_relaxed);
-        for (uint32_t j = 0; j < mn; j++)
-            if (ms->m[j].slot == s->id)
-                ms->m[j].eh = eh;
+        int32_t j = mset_find(ms, s->id);
+        if (j >= 0)
+            ms->m[j].eh = eh;
     }
-    map_insert(ix, p, s, eh, idx);
+    map_insert_t(ix, p, s, tag, idx);
 }
 
-/* Slot s starts holding entry idx under eh (root: placed without a parent
- * link in the slot). On the gpu tier the slot must hold the parent already. */
+/* Slot s starts holding entry idx under eh (map tag `tag`; root: placed
+ * without a parent link in the slot). On the gpu tier the slot must hold the
+ * parent already. */
 static void holding_add(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx, uint64_t eh,
-                        bool root)
+                        uint32_t tag, bool root)
 {
     member_add(ix, p, kvi__entry(p, idx), s->id, s->tier, eh, root);
-    map_insert(ix, p, s, eh, idx);
+    map_insert_t(ix, p, s, tag, idx);
     atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) + 1,
                           memory_order_relaxed);
     kvi_relaxed_add(&p->holdings, 1);
@@ -1202,7 +1328,17 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     else
         stab_maybe_build(ix, p);
     bool son = stab_on(p);
-    if (run_has_duplicates(p, has_parent, parent_eh, r)) {
+    /* run scratch: keys, seq hashes, then the table tags of keys, engine
+     * hashes and seq hashes (each hash is mixed once per store) */
+    if (4 * n > p->cap_runbuf) {
+        p->cap_runbuf = 4 * n;
+        p->runbuf = kvi_xrealloc(p->runbuf, p->cap_runbuf * sizeof(uint64_t));
+    }
+    uint64_t *rk = p->runbuf, *rs = p->runbuf + n;
+    uint32_t *kt = (uint32_t *)(rs + n), *mt = kt + n, *st = mt + n;
+    for (size_t i = 0; i < n; i++)
+        mt[i] = tab_tag(ix, run_eh(r, i));
+    if (run_has_duplicates(p, has_parent, parent_eh, r, mt)) {
         kvi_relaxed_add(&p->invalid_events, 1);
         return -EINVAL;
     }
@@ -1247,13 +1383,8 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     }
     bool parent_in_slot = prev != KVI_NONE && has_member(kvi__entry(p, prev), sid);
 
-    /* keys and seq hashes of the whole run first, then a prefetch pipeline
-     * PF_DIST blocks ahead over the three tables the loop touches */
-    if (2 * n > p->cap_runbuf) {
-        p->cap_runbuf = 2 * n;
-        p->runbuf = kvi_xrealloc(p->runbuf, p->cap_runbuf * sizeof(uint64_t));
-    }
-    uint64_t *rk = p->runbuf, *rs = p->runbuf + n;
+    /* keys, seq hashes and tags of the whole run first, then a prefetch
+     * pipeline PF_DIST blocks ahead over the three tables the loop touches */
     for (size_t i = 0; i < n; i++) {
         uint32_t pos = pos0 + (uint32_t)i;
         if (seq != NULL)
@@ -1263,56 +1394,81 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         rs[i] = sq;
         k = seq_only && i == 0 ? seq_stand_in_key(ix, sq) : run_key(ix, r, k, i, pos, sq);
         rk[i] = k;
+        kt[i] = key_tag(k);
+        if (son)
+            st[i] = tab_tag(ix, sq);
     }
-    /* an engine hash renamed to another prefix drops its old holding with
+    /* pass 1: what the slot holds under the run's engine hashes, pipelined
+     * (map slot PF_DIST ahead, its entry PF_DIST/2 ahead by tag alone).
+     * An engine hash renamed to another prefix drops its old holding with
      * its descendants; when that would drop the run's own parent chain the
-     * run is rejected before anything changes */
-    if (prev != KVI_NONE) {
-        for (size_t i = 0; i < n; i++) {
-            uint32_t have = map_find(ix, p, s, run_eh(r, i));
-            if (have == KVI_NONE || kvi__entry(p, have)->seq == rs[i])
-                continue;
+     * run is rejected before anything changes.
+     * measured (kvidx-bench micro --replay, conversation trace, callgrind and
+     * thread cpu): a second, unpipelined map lookup per block before: see the
+     * commit. */
+    uint32_t *have = st + n;
+    for (size_t i = 0; i < n && i < PF_DIST; i++)
+        tab_prefetch_t(&s->map, mt[i]);
+    for (size_t i = 0; i < n; i++) {
+        if (i + PF_DIST < n)
+            tab_prefetch_t(&s->map, mt[i + PF_DIST]);
+        if (i + PF_DIST / 2 < n) {
+            uint32_t a = tab_peek_t(&s->map, mt[i + PF_DIST / 2]);
+            if (a != KVI_NONE)
+                __builtin_prefetch(kvi__entry(p, a));
+        }
+        have[i] = map_find_t(ix, p, s, run_eh(r, i), mt[i]);
+        if (prev != KVI_NONE && have[i] != KVI_NONE && kvi__entry(p, have[i])->seq != rs[i]) {
+            uint32_t hv = have[i];
             /* would the cascade from `have` reach the run's parent? it follows
              * links between blocks this slot holds (not positional roots) */
             uint32_t x = prev;
-            while (x != KVI_NONE && x != have && has_member(kvi__entry(p, x), sid) &&
+            while (x != KVI_NONE && x != hv && has_member(kvi__entry(p, x), sid) &&
                    !member_is_root(kvi__entry(p, x), sid))
                 x = entry_parent(kvi__entry(p, x));
-            if (x == have) {
+            if (x == hv) {
                 kvi_relaxed_add(&p->invalid_events, 1);
                 return -EINVAL;
             }
         }
     }
     for (size_t i = 0; i < n && i < PF_DIST; i++) {
-        tab_prefetch(ix, &p->ktab, rk[i]);
+        tab_prefetch_t(&p->ktab, kt[i]);
         if (son)
-            tab_prefetch(ix, &p->stab, rs[i]);
-        tab_prefetch(ix, &s->map, run_eh(r, i));
+            tab_prefetch_t(&p->stab, st[i]);
     }
 
+    /* pass 2. have[] stays exact until a cascade drops holdings or a rename
+     * drops a name: from then on a hit is re-checked (an entry freed meanwhile
+     * is not recycled before the next reclaim, and names no member) */
+    bool stale = false;
     for (size_t i = 0; i < n; i++) {
         uint32_t pos = pos0 + (uint32_t)i;
         uint64_t eh = run_eh(r, i);
         k = rk[i];
         sq = rs[i];
         if (i + PF_DIST < n) {
-            tab_prefetch(ix, &p->ktab, rk[i + PF_DIST]);
+            tab_prefetch_t(&p->ktab, kt[i + PF_DIST]);
             if (son)
-                tab_prefetch(ix, &p->stab, rs[i + PF_DIST]);
-            tab_prefetch(ix, &s->map, run_eh(r, i + PF_DIST));
+                tab_prefetch_t(&p->stab, st[i + PF_DIST]);
         }
 
-        uint32_t have = map_find(ix, p, s, eh);
-        if (have != KVI_NONE) {
-            struct kvi_entry *he = kvi__entry(p, have);
+        uint32_t hv = have[i];
+        if (hv != KVI_NONE && stale) {
+            bool f;
+            if (member_eh(kvi__entry(p, hv), sid, &f) != eh || !f)
+                hv = KVI_NONE;
+        }
+        if (hv != KVI_NONE) {
+            struct kvi_entry *he = kvi__entry(p, hv);
             if (he->seq == sq && he->pos == pos) {
-                prev = have; /* idempotent re-store */
+                prev = hv; /* idempotent re-store */
                 parent_in_slot = true;
                 continue;
             }
             /* the engine renamed a different block: drop the old one */
-            holding_remove_cascade(ix, p, s, have);
+            holding_remove_cascade_t(ix, p, s, hv, mt[i]);
+            stale = true;
             if (parent_in_slot && !has_member(kvi__entry(p, prev), sid)) {
                 kvi_relaxed_add(&p->invalid_events, 1);
                 maybe_reclaim(ix, in->part);
@@ -1326,22 +1482,24 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         bool known = r->b != NULL || pos == 0; /* content known */
         uint64_t content = r->b != NULL ? r->b[i].content_hash : pos == 0 ? sq : 0;
         struct tab_ctx fc = {ix, p, son ? TAB_SEQ : TAB_KEY, 0};
-        uint32_t idx = tab_find(&fc, son ? &p->stab : &p->ktab, son ? sq : k);
+        uint32_t idx = son ? tab_find_t(&fc, &p->stab, sq, st[i]) : tab_find_t(&fc, &p->ktab, k, kt[i]);
         if (idx != KVI_NONE && kvi__entry(p, idx)->pos != pos)
             idx = KVI_NONE; /* 2^-64 collision across depths: keep them apart */
         if (idx == KVI_NONE) {
-            idx = entry_new(ix, p, k, sq, content, !known, pos, prev);
+            idx = entry_new(ix, p, k, kt[i], sq, son ? st[i] : 0, content, !known, pos, prev);
             if ((seq_only && i == 0) || !known) /* a stand-in key */
                 atomic_store_explicit(&ix->has_seq_only, true, memory_order_release);
+            /* a new entry has no member yet */
+            holding_add(ix, p, s, idx, eh, mt[i], seq_only && i == 0);
+            prev = idx;
+            parent_in_slot = true;
+            continue;
         } else {
             struct kvi_entry *fe = kvi__entry(p, idx);
             if (entry_parent(fe) == KVI_NONE && prev != KVI_NONE) {
                 /* placed by seq alone before: now its parent is known */
-                struct kvi_entry *pe = kvi__entry(p, prev);
                 fe->up |= prev;
-                atomic_store_explicit(&fe->next_sibling, atomic_load_explicit(&pe->first_child, memory_order_relaxed),
-                                      memory_order_relaxed);
-                atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5 */
+                child_link(p, prev, idx); /* W5 */
             }
             if (entry_no_content(fe) && known) { /* placed without tokens before */
                 fe->content = content;
@@ -1349,16 +1507,19 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             }
             k = fe->key; /* continue the chain from the entry's own key */
             if (k != rk[i])
-                for (size_t j = i + 1; j < n; j++) /* re-derive the rest of the run's keys */
+                for (size_t j = i + 1; j < n; j++) { /* re-derive the rest of the run's keys */
                     rk[j] = k = run_key(ix, r, k, j, pos0 + (uint32_t)j, rs[j]);
+                    kt[j] = key_tag(k);
+                }
         }
         struct kvi_entry *e = kvi__entry(p, idx);
         bool f;
         uint64_t old_eh = member_eh(e, sid, &f);
-        if (f) /* the slot holds this prefix under another engine hash: rename */
-            holding_rename(ix, p, s, idx, old_eh, eh);
-        else
-            holding_add(ix, p, s, idx, eh, seq_only && i == 0);
+        if (f) { /* the slot holds this prefix under another engine hash: rename */
+            holding_rename(ix, p, s, idx, old_eh, eh, mt[i]);
+            stale = true;
+        } else
+            holding_add(ix, p, s, idx, eh, mt[i], seq_only && i == 0);
         prev = idx;
         parent_in_slot = true;
     }
@@ -1500,9 +1661,9 @@ size_t kvi_index_store_known(struct kvi_index *ix, uint32_t instance, uint32_t d
         bool f;
         uint64_t old_eh = member_eh(e, s->id, &f);
         if (f)
-            holding_rename(ix, p, s, idx, old_eh, eh);
+            holding_rename(ix, p, s, idx, old_eh, eh, tab_tag(ix, eh));
         else
-            holding_add(ix, p, s, idx, eh, root);
+            holding_add(ix, p, s, idx, eh, tab_tag(ix, eh), root);
         held++;
     }
     if (unresolved > 0)
@@ -1529,9 +1690,17 @@ size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
     }
     struct kvi_slot *s = kvi__slot(ix, sid);
     size_t known = 0;
-    /* pipeline: map slot PF_DIST ahead, its entry PF_DIST/2 ahead (by tag
-     * alone: verifying it would wait for the entry), that entry's query-table
-     * homes and parent 2 ahead.
+    /* the hashes' map tags, once each */
+    if (n > p->cap_runbuf) {
+        p->cap_runbuf = n;
+        p->runbuf = kvi_xrealloc(p->runbuf, p->cap_runbuf * sizeof(uint64_t));
+    }
+    uint32_t *mt = (uint32_t *)p->runbuf;
+    for (size_t i = 0; i < n; i++)
+        mt[i] = tab_tag(ix, engine_hashes[i]);
+    /* pipeline: map slot PF_DIST ahead, its entry PF_DIST/2 ahead, that
+     * entry's query-table homes and parent 2 ahead; by tag alone (verifying
+     * would wait for the entry; a wrong guess only wastes a prefetch).
      * measured (micro, thread cpu ns per removed block, 3 interleaved runs
      * each, with huge-page tables): verified lookup 127.7 / 131.9 / 138.0 ->
      * tag peek 114.6 / 119.6 / 122.1.
@@ -1539,31 +1708,31 @@ size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
      * up again measured within noise: 107.2-117.7 -> 107.6-115.9. Not kept.) */
     for (size_t i = 0; i < n; i++) {
         if (i + PF_DIST < n)
-            tab_prefetch(ix, &s->map, engine_hashes[i + PF_DIST]);
+            tab_prefetch_t(&s->map, mt[i + PF_DIST]);
         if (i + PF_DIST / 2 < n) {
-            uint32_t a = tab_peek(ix, &s->map, engine_hashes[i + PF_DIST / 2]);
+            uint32_t a = tab_peek_t(&s->map, mt[i + PF_DIST / 2]);
             if (a != KVI_NONE)
                 __builtin_prefetch(kvi__entry(p, a));
         }
         if (i + 2 < n) {
-            uint32_t a = map_find(ix, p, s, engine_hashes[i + 2]);
+            uint32_t a = tab_peek_t(&s->map, mt[i + 2]);
             if (a != KVI_NONE) {
                 const struct kvi_entry *ae = kvi__entry(p, a);
-                tab_prefetch(ix, &p->ktab, ae->key);
+                tab_prefetch_t(&p->ktab, ae->ktag);
                 if (son)
-                    tab_prefetch(ix, &p->stab, ae->seq);
+                    tab_prefetch_t(&p->stab, tab_tag(ix, ae->seq));
                 if (entry_parent(ae) != KVI_NONE)
                     __builtin_prefetch(kvi__entry(p, entry_parent(ae)));
             }
         }
-        uint32_t idx = map_find(ix, p, s, engine_hashes[i]);
-        if (idx == KVI_NONE) {
-            kvi_relaxed_add(&p->unknown_removes, 1);
+        uint32_t idx = map_find_t(ix, p, s, engine_hashes[i], mt[i]);
+        if (idx == KVI_NONE)
             continue;
-        }
         known++;
-        holding_remove_cascade(ix, p, s, idx);
+        holding_remove_cascade_t(ix, p, s, idx, mt[i]);
     }
+    if (known < n)
+        kvi_relaxed_add(&p->unknown_removes, n - known);
     maybe_reclaim(ix, in->part);
     return known;
 }
@@ -1963,15 +2132,16 @@ struct finder {
 /* Tier under which slot s holds e, or -1. Reader (acquire loads). */
 static int member_tier(const struct kvi_index *ix, const struct kvi_entry *e, uint32_t s)
 {
-    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire);
+    uint32_t one;
+    struct kvi_mset *ms = entry_members(e, &one);
     if (ms == NULL)
-        return (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) & KVI_SLOT_MASK) == s
-                   ? kvi__slot(ix, s)->tier
-                   : -1;
+        return one == s && s != KVI_NONE ? kvi__slot(ix, s)->tier : -1;
     uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
-    for (uint32_t i = 0; i < n; i++)
-        if (ms->m[i].slot == s)
-            return ms->m[i].tier & KVI_MEMBER_TIER;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t w = atomic_load_explicit(&ms->m[i].w, memory_order_acquire); /* R2 */
+        if (kvi__member_slot(w) == s)
+            return kvi__member_tier(w) & KVI_MEMBER_TIER;
+    }
     return -1;
 }
 
@@ -1988,9 +2158,9 @@ static void assign(const struct finder *f, const struct kvi_entry *e, uint32_t d
     if (e == NULL)
         return;
     struct qscratch *q = f->q;
-    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e)->many, memory_order_acquire); /* R2 */
+    uint32_t s;
+    struct kvi_mset *ms = entry_members(e, &s); /* R2 */
     if (ms == NULL) {
-        uint32_t s = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_acquire) & KVI_SLOT_MASK;
         if (s != KVI_NONE && s < f->n_slots && kvi__slot(f->ix, s)->tier == KVI_TIER_GPU) {
             q->depth[s] = depth;
             q->gen[s] = q->cur_gen;
@@ -1999,10 +2169,11 @@ static void assign(const struct finder *f, const struct kvi_entry *e, uint32_t d
     }
     uint32_t n = atomic_load_explicit(&ms->n, memory_order_acquire);
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t s = ms->m[i].slot;
-        if ((ms->m[i].tier & KVI_MEMBER_TIER) == KVI_TIER_GPU && s < f->n_slots) {
-            q->depth[s] = depth;
-            q->gen[s] = q->cur_gen;
+        uint64_t w = atomic_load_explicit(&ms->m[i].w, memory_order_acquire); /* R2 */
+        uint32_t ms_slot = kvi__member_slot(w);
+        if (ms_slot != KVI_NONE && (kvi__member_tier(w) & KVI_MEMBER_TIER) == KVI_TIER_GPU && ms_slot < f->n_slots) {
+            q->depth[ms_slot] = depth;
+            q->gen[ms_slot] = q->cur_gen;
         }
     }
 }
@@ -2028,14 +2199,12 @@ static void refine(const struct finder *f, uint32_t lo, const struct kvi_entry *
 static void verify_members(const struct finder *f, const struct kvi_entry *e0, uint32_t n)
 {
     struct qscratch *q = f->q;
-    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e0)->many, memory_order_acquire);
-    uint32_t one = KVI_NONE, m = 1;
-    if (ms == NULL)
-        one = atomic_load_explicit(&((struct kvi_entry *)e0)->one, memory_order_acquire) & KVI_SLOT_MASK;
-    else
+    uint32_t one, m = 1;
+    struct kvi_mset *ms = entry_members(e0, &one);
+    if (ms != NULL)
         m = atomic_load_explicit(&ms->n, memory_order_acquire);
     for (uint32_t i = 0; i < m; i++) {
-        uint32_t s = ms ? ms->m[i].slot : one;
+        uint32_t s = ms ? kvi__member_slot(atomic_load_explicit(&ms->m[i].w, memory_order_acquire)) : one;
         if (s == KVI_NONE || s >= f->n_slots || kvi__slot(f->ix, s)->tier != KVI_TIER_GPU)
             continue;
         uint32_t d = q->gen[s] == q->cur_gen ? q->depth[s] : 0;
@@ -2057,14 +2226,12 @@ static size_t emit_part(const struct finder *f, const struct kvi_entry *e0, stru
                         size_t count)
 {
     struct qscratch *q = f->q;
-    struct kvi_mset *ms = atomic_load_explicit(&((struct kvi_entry *)e0)->many, memory_order_acquire);
-    uint32_t one = KVI_NONE, n = 1;
-    if (ms == NULL)
-        one = atomic_load_explicit(&((struct kvi_entry *)e0)->one, memory_order_acquire) & KVI_SLOT_MASK;
-    else
+    uint32_t one, n = 1;
+    struct kvi_mset *ms = entry_members(e0, &one);
+    if (ms != NULL)
         n = atomic_load_explicit(&ms->n, memory_order_acquire);
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t s = ms ? ms->m[i].slot : one;
+        uint32_t s = ms ? kvi__member_slot(atomic_load_explicit(&ms->m[i].w, memory_order_acquire)) : one;
         if (s == KVI_NONE || s >= f->n_slots || q->gen[s] != q->cur_gen)
             continue;
         q->gen[s] = 0; /* emit once */

@@ -14,7 +14,8 @@
 #define KVI_NONE 0u              /* invalid entry / slot index */
 #define KVI_TOMB 0xffffffffu     /* tombstone value in a table slot */
 #define KVI_ROOT_BIT 0x80000000u /* in entry.one: the holding was placed without a parent */
-#define KVI_SLOT_MASK 0x7fffffffu
+#define KVI_MANY_BIT 0x40000000u /* entry.one == KVI_MANY_BIT: the members are the kvi_mset at entry.mv */
+#define KVI_SLOT_MASK 0x3fffffffu /* slot ids are < KVI_SLOT_CHUNKS_MAX * KVI_SLOT_CHUNK (2^22) */
 #define KVI_MEMBER_ROOT 0x80     /* in kvi_member.tier: same, for member arrays */
 #define KVI_MEMBER_TIER 0x7f
 
@@ -33,20 +34,34 @@ _Static_assert((1ull << KVI_ENTRY_IDX_BITS) == (unsigned long long)KVI_ENTRY_CHU
 #define KVI_INST_CHUNK (1u << KVI_INST_CHUNK_SHIFT)
 #define KVI_INST_CHUNKS_MAX 4096u
 
-/* A member of an entry: a slot holding it, under the slot's engine hash. */
+/* A member of an entry: a slot holding it, under the slot's engine hash.
+ * w packs the slot id and its tier byte (tier | KVI_MEMBER_ROOT), so that a
+ * reader never pairs one member's slot with another's tier; w == 0 marks a
+ * free position (KVI_NONE is never a slot). */
 struct kvi_member {
-    uint32_t slot;
-    uint8_t tier;
-    uint8_t _pad[3];
-    uint64_t eh;
+    _Atomic uint64_t w; /* R: slot | (uint64_t)tier << 32; 0 = free */
+    uint64_t eh;        /* the slot's engine hash of the entry (writer only) */
 };
 
-/* Members of an entry that has ever had more than one. Readers see
- * m[0 .. n) (n loaded with acquire); the writer appends in place (store the
- * member, then release n) and replaces the array copy-on-write to remove. */
+static inline uint64_t kvi__member_w(uint32_t slot, uint8_t tier)
+{
+    return slot | (uint64_t)tier << 32;
+}
+static inline uint32_t kvi__member_slot(uint64_t w) { return (uint32_t)w; }
+static inline uint8_t kvi__member_tier(uint64_t w) { return (uint8_t)(w >> 32); }
+
+/* Members of an entry that has ever had more than one. Readers see the
+ * positions m[0 .. n) (n loaded with acquire, each w with acquire) and skip
+ * free ones. A live member never moves while the array is published: the
+ * writer removes one by freeing its position (release) and adds one into a
+ * free position or at m[n] (store w with release, then release n), so a
+ * reader racing with both sees every member that stayed. Arrays are replaced
+ * copy-on-write only to grow or to shrink. */
 struct kvi_mset {
-    _Atomic uint32_t n;
+    _Atomic uint32_t n; /* R: positions in use (live and free) */
     uint32_t cap;
+    uint32_t live;      /* live members (writer only) */
+    uint32_t _pad;
     struct kvi_member m[];
 };
 
@@ -58,22 +73,43 @@ struct kvi_mset {
 /*
  * One distinct prefix. 64 bytes: one cache line. Fields marked R are read by
  * queries; the others are private to the partition's writer.
+ *
+ * Members: while the entry has had at most one member, `one` is that
+ * member's slot (| KVI_ROOT_BIT) or KVI_NONE, and `mv` is its engine hash
+ * (writer only). Once a second member arrives `one` becomes KVI_MANY_BIT for
+ * the rest of the entry's life and `mv` holds the struct kvi_mset pointer,
+ * published before `one` says so (readers load `one` first, with acquire).
+ * Sharing the word saves the 8 bytes the sibling list's back link uses.
+ *
+ * Children form a doubly linked list: readers (seq walks) follow first_child
+ * and next_sibling only; prev_sibling lets the writer unlink a child in O(1)
+ * (an entry shared by every request, such as a system prompt's first block,
+ * has thousands of children).
  */
 struct kvi_entry {
-    uint64_t key;                    /* R: prefix key K, immutable while published */
-    uint32_t pos;                    /* R: depth, immutable */
-    _Atomic uint32_t gpu_n;          /* R: gpu members (release by writer) */
-    _Atomic uint32_t one;            /* R: the member slot when many == NULL; 0 = none
-                                      * (stale while many != NULL) */
-    uint32_t up;                     /* parent entry (KVI_NONE at a root) | KVI_UP_NO_CONTENT */
-    _Atomic(struct kvi_mset *) many; /* R: member array once >1 member was seen */
-    uint64_t seq;                    /* R (by seq): standard seq hash, immutable */
-    uint64_t content;                /* content hash (0 while no_content) */
-    uint64_t one_eh;                 /* engine hash of the single member */
-    _Atomic uint32_t first_child;    /* R (seq walks): children, linked with release */
-    _Atomic uint32_t next_sibling;   /* R (seq walks) */
+    uint64_t key;                  /* R: prefix key K, immutable while published */
+    uint32_t pos;                  /* R: depth, immutable */
+    _Atomic uint32_t gpu_n;        /* R: gpu members (release by writer) */
+    _Atomic uint32_t one;          /* R: the single member's slot | KVI_ROOT_BIT, KVI_NONE, or
+                                    * KVI_MANY_BIT (members in mv) */
+    uint32_t up;                   /* parent entry (KVI_NONE at a root) | KVI_UP_NO_CONTENT */
+    _Atomic uint64_t mv;           /* R: struct kvi_mset * when one == KVI_MANY_BIT; else the
+                                    * single member's engine hash (writer only) */
+    uint64_t seq;                  /* R (by seq): standard seq hash, immutable */
+    uint64_t content;              /* content hash (0 while no_content) */
+    _Atomic uint32_t first_child;  /* R (seq walks): children, linked with release */
+    _Atomic uint32_t next_sibling; /* R (seq walks) */
+    uint32_t prev_sibling;         /* previous child of the parent (KVI_NONE: first) */
+    uint32_t ktag;                 /* the key's table tag (writer: deletes without rehashing) */
 };
 _Static_assert(sizeof(struct kvi_entry) == KVI_CACHE_LINE, "entry is one cache line");
+_Static_assert(((KVI_SLOT_CHUNKS_MAX << KVI_SLOT_CHUNK_SHIFT) - 1) <= KVI_SLOT_MASK, "slot ids fit KVI_SLOT_MASK");
+
+/* The member array of an entry whose `one` reads KVI_MANY_BIT. */
+static inline struct kvi_mset *kvi__mset(const struct kvi_entry *e, memory_order mo)
+{
+    return (struct kvi_mset *)(uintptr_t)atomic_load_explicit(&((struct kvi_entry *)e)->mv, mo);
+}
 
 /* Open-addressing table: u64 key -> u32 entry index, slots (tag << 32 | idx).
  * The key itself lives in the entry (or member), so a slot is 8 bytes. */
@@ -141,8 +177,12 @@ struct kvi_part {
     uint32_t cap_stack;
     uint64_t *sortbuf;
     size_t cap_sortbuf;
-    uint64_t *runbuf; /* keys and seq hashes of the run being stored */
+    uint64_t *runbuf; /* keys, seq hashes and table tags of the run being stored */
     size_t cap_runbuf;
+    uint64_t *dup_val;  /* duplicate check of a run: open-addressing set */
+    uint32_t *dup_mark; /* position in use when == dup_gen */
+    size_t cap_dup;
+    uint32_t dup_gen;
     uint32_t *pending_slots; /* slot ids freed, waiting for a grace period */
     uint32_t n_pending_slots, cap_pending_slots;
 

@@ -1981,10 +1981,10 @@ static void test_create_invalid(void **state)
 /*
  * Regression (writer_stress_test under TSan): an entry released after it had
  * a member array must name no member in `one`. Readers still probing it (they
- * found it before its tombstones) fall back to `one` once `many` is NULL; the
- * member `one` named before the array existed may have been forgotten and
- * its slot id recycled by then (a read racing with the new slot's
- * initialisation, and a wrong slot credited).
+ * found it before its tombstones) read `one` first; with the old layout the
+ * member `one` named before the array existed could still be there, and its
+ * slot may have been forgotten and its id recycled by then (a read racing
+ * with the new slot's initialisation, and a wrong slot credited).
  */
 static void test_released_entry_names_no_member(void **state)
 {
@@ -2008,7 +2008,7 @@ static void test_released_entry_names_no_member(void **state)
             assert_int_equal(kvi_index_remove(ix, w[orders[o][k]], 0, KVI_TIER_GPU, &eh, 1), 1);
         assert_int_equal(p->n_pending, pending0 + 1);
         const struct kvi_entry *e = kvi__entry(p, p->pending_idx[p->n_pending - 1]);
-        assert_null(atomic_load(&((struct kvi_entry *)e)->many));
+        /* no member left for a reader: `one` no longer says KVI_MANY_BIT */
         assert_int_equal(atomic_load(&((struct kvi_entry *)e)->one), KVI_NONE);
         assert_int_equal(atomic_load(&((struct kvi_entry *)e)->gpu_n), 0);
     }
@@ -2126,6 +2126,151 @@ static void test_seq_table_on_demand(void **state)
     kvi_index_destroy(ix);
 }
 
+/* Walk parent's child list forwards, checking every back link and parent
+ * link. @return the number of children. */
+static uint32_t child_list_check(const struct kvi_part *p, uint32_t parent)
+{
+    uint32_t n = 0, prev = KVI_NONE;
+    for (uint32_t c = atomic_load(&kvi__entry(p, parent)->first_child); c != KVI_NONE;
+         c = atomic_load(&kvi__entry(p, c)->next_sibling)) {
+        const struct kvi_entry *e = kvi__entry(p, c);
+        assert_int_equal(e->prev_sibling, prev);
+        assert_int_equal(e->up & KVI_UP_PARENT, parent);
+        prev = c;
+        n++;
+        assert_true(n <= 1u << 20);
+    }
+    return n;
+}
+
+/*
+ * Children are unlinked in O(1) through a back link: one entry shared by
+ * every worker (a system prompt's first block) with a child per worker;
+ * children removed in a scrambled order (first, last and middle of the list),
+ * some re-stored, some with children of their own (cascades). After every
+ * step the list's links are consistent, and a query by seq hashes, which
+ * follows the child links while the partition has no seq table, answers
+ * exactly.
+ */
+static void test_child_list_unlink(void **state)
+{
+    (void)state;
+    struct kvi_index_config cfg = {.block_size = 16, .n_parts = 1, .jump = 2, .key_seed = 5};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    enum { K = 48, D = 3 };
+    uint32_t w[K];
+    uint64_t c[K][D], sq[K][D];
+    for (uint32_t i = 0; i < K; i++) {
+        w[i] = (uint32_t)kvi_index_intern_instance(ix, 100 + i, NULL, false);
+        c[i][0] = 7; /* shared first block */
+        c[i][1] = 1000 + i;
+        c[i][2] = 5000 + i;
+        kvi_seq_hashes(c[i], D, sq[i]);
+    }
+    struct kvi_part *p = &ix->parts[0];
+    bool held[K];
+    uint64_t rng = 99;
+    for (uint32_t i = 0; i < K; i++) {
+        struct kvi_block b[D];
+        for (uint32_t j = 0; j < D; j++)
+            b[j] = (struct kvi_block){sq[i][j], c[i][j]};
+        assert_int_equal(kvi_index_store(ix, w[i], 0, KVI_TIER_GPU, false, 0, b, i % 2 ? D : 2), 0);
+        held[i] = true;
+    }
+    uint32_t root = KVI_NONE; /* the one entry at position 0 */
+    for (uint32_t i = 1; i < p->next_fresh; i++)
+        if (kvi__entry(p, i)->pos == 0)
+            root = i;
+    assert_int_not_equal(root, KVI_NONE);
+    assert_int_equal(child_list_check(p, root), K);
+    uint32_t live = K;
+    for (uint32_t step = 0; step < 4 * K; step++) {
+        uint32_t i = step < 3 ? (step == 0 ? K - 1 : step == 1 ? 0 : K / 2) /* head, tail, middle */
+                              : (uint32_t)(splitmix(&rng) % K);
+        if (held[i]) {
+            uint64_t eh = sq[i][1]; /* cascades to the third block where held */
+            assert_int_equal(kvi_index_remove(ix, w[i], 0, KVI_TIER_GPU, &eh, 1), 1);
+            held[i] = false;
+            live--;
+        } else {
+            struct kvi_block b = {sq[i][1], c[i][1]};
+            assert_int_equal(kvi_index_store(ix, w[i], 0, KVI_TIER_GPU, true, sq[i][0], &b, 1), 0);
+            held[i] = true;
+            live++;
+        }
+        if (step % 3 == 0)
+            kvi_index_reclaim(ix, 0); /* recycle freed entries into new children */
+        assert_int_equal(child_list_check(p, root), live);
+        /* seq walks over the list (keep the partition without a seq table) */
+        for (uint32_t x = 0; x < K; x += 5) {
+            struct kvi_match m[K];
+            kvi_rcu_read_lock();
+            size_t r = kvi_index_find_matches_by_seq(ix, sq[x], 2, m, K);
+            kvi_rcu_read_unlock();
+            assert_int_equal(r, K);
+            for (size_t j = 0; j < r; j++)
+                assert_int_equal(m[j].depth, m[j].instance == w[x] && held[x] ? 2 : 1);
+        }
+        atomic_store(&ix->seq_wanted, false);
+        assert_null(atomic_load(&p->stab.t));
+    }
+    kvi_index_destroy(ix);
+}
+
+/*
+ * A store looks up the whole run's engine hashes first; a rename earlier in
+ * the run can make a later lookup stale. Here block 2 is held under h3
+ * (renamed by a store below h1, which dropped the block h3 named before), and
+ * the original run is stored again: at block 2 the slot renames h3 -> h2, so
+ * at block 3, h3 names nothing any more and must not drop block 2.
+ * (Found by index_diff_test, seed 14, while the lookups moved ahead of the
+ * store loop.)
+ */
+static void test_store_rename_then_reuse_name(void **state)
+{
+    (void)state;
+    struct kvi_index_config cfg = {.block_size = 16, .n_parts = 1, .key_seed = 3};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    uint32_t w = (uint32_t)kvi_index_intern_instance(ix, 1, NULL, false);
+    enum { N = 12 };
+    uint64_t c[N];
+    struct kvi_block run[N];
+    for (uint32_t i = 0; i < N; i++) {
+        c[i] = 100 + i;
+        run[i] = (struct kvi_block){0xe000 + i, c[i]};
+    }
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, run, N), 0);
+    /* below h1: the prefix of block 2, named h(N-1) (which named the last block) */
+    struct kvi_block b = {0xe000 + N - 1, c[2]};
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, true, 0xe001, &b, 1), 0);
+    struct kvi_match m[4];
+    kvi_rcu_read_lock();
+    size_t r = kvi_index_find_matches(ix, c, N, m, 4);
+    kvi_rcu_read_unlock();
+    assert_int_equal(r, 1);
+    assert_int_equal(m[0].depth, N - 1); /* the last block was dropped */
+    assert_int_equal(m[0].tree_size, N - 1);
+    /* the original run again (longer than the small-run paths): back to N */
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, run, N), 0);
+    kvi_rcu_read_lock();
+    r = kvi_index_find_matches(ix, c, N, m, 4);
+    kvi_rcu_read_unlock();
+    assert_int_equal(r, 1);
+    assert_int_equal(m[0].depth, N);
+    assert_int_equal(m[0].tree_size, N);
+    uint64_t last = 0xe000 + N - 1, two = 0xe002;
+    assert_int_equal(kvi_index_remove(ix, w, 0, KVI_TIER_GPU, &last, 1), 1);
+    assert_int_equal(kvi_index_remove(ix, w, 0, KVI_TIER_GPU, &two, 1), 1);
+    kvi_rcu_read_lock();
+    r = kvi_index_find_matches(ix, c, N, m, 4);
+    kvi_rcu_read_unlock();
+    assert_int_equal(r, 1);
+    assert_int_equal(m[0].depth, 2);
+    kvi_index_destroy(ix);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -2207,6 +2352,8 @@ int main(void)
         cmocka_unit_test(test_seq_only_gpu),
         cmocka_unit_test(test_released_entry_names_no_member),
         cmocka_unit_test(test_seq_table_on_demand),
+        cmocka_unit_test(test_child_list_unlink),
+        cmocka_unit_test(test_store_rename_then_reuse_name),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
