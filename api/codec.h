@@ -305,6 +305,7 @@ struct kvi_score_row {
     uint32_t cpu;
     uint32_t disk;
     uint32_t tree_size;   /* gpu blocks held by (instance, dp_rank) */
+    uint32_t _end;        /* encoders' scratch: end of the instance's rows (set while encoding) */
 };
 
 /** Score response forms (§1.10). */
@@ -328,6 +329,21 @@ enum kvi_score_form {
  */
 int kvi_dyn_encode_scores(struct kvi_score_row *rows, size_t n, uint32_t block_size,
                           enum kvi_score_form form, enum kvi_body_enc enc, struct kvi_buf *out);
+
+/**
+ * Upper bound of the bytes kvi_dyn_encode_scores_to writes for @p rows, in
+ * either encoding and form (about 330 bytes per row keyed by id).
+ */
+size_t kvi_dyn_scores_max_len(const struct kvi_score_row *rows, size_t n);
+
+/**
+ * kvi_dyn_encode_scores into caller memory, for a handler that answers
+ * from memory it allocated itself (e.g. the request's pool, without a copy).
+ * @param dst  room for kvi_dyn_scores_max_len(rows, n) bytes
+ * @return the bytes written (cannot fail).
+ */
+size_t kvi_dyn_encode_scores_to(struct kvi_score_row *rows, size_t n, uint32_t block_size,
+                                enum kvi_score_form form, enum kvi_body_enc enc, char *dst);
 
 /** {"status":"ok"} (201 /register, 200 elsewhere). @return 0 or -ENOMEM. */
 int kvi_dyn_encode_ok(struct kvi_buf *out);
@@ -527,6 +543,18 @@ enum kvi_cond_shape {
 int kvi_cond_encode_query(struct kvi_score_row *rows, size_t n, uint32_t block_size,
                           struct kvi_str tenant, enum kvi_cond_shape shape, enum kvi_body_enc enc,
                           struct kvi_buf *out);
+
+/** Upper bound of the bytes kvi_cond_encode_query_to writes (either encoding and shape). */
+size_t kvi_cond_query_max_len(const struct kvi_score_row *rows, size_t n, struct kvi_str tenant);
+
+/**
+ * kvi_cond_encode_query into caller memory.
+ * @param dst  room for kvi_cond_query_max_len(rows, n, tenant) bytes
+ * @return the bytes written (cannot fail).
+ */
+size_t kvi_cond_encode_query_to(struct kvi_score_row *rows, size_t n, uint32_t block_size,
+                                struct kvi_str tenant, enum kvi_cond_shape shape, enum kvi_body_enc enc,
+                                char *dst);
 
 struct kvi_cond_instance_view {
     const char *name;

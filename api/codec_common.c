@@ -87,6 +87,11 @@ enum kvi_ctype kvi_ctype_of(const char *value, size_t len)
 {
     if (value == NULL)
         return KVI_CT_NONE;
+    /* what clients send, exactly: no trimming nor case folding needed */
+    if (len == 16 && memcmp(value, "application/json", 16) == 0)
+        return KVI_CT_JSON;
+    if (len == 19 && memcmp(value, "application/msgpack", 19) == 0)
+        return KVI_CT_MSGPACK;
     const char *m;
     size_t n;
     media_type(value, len, &m, &n);
@@ -499,6 +504,10 @@ static int parse_bin_array(struct kvi_pctx *c, const struct kvi_field *f, int wi
     if (a == NULL)
         return no_memory(c);
     *n = len / (size_t)width;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (len > 0)
+        memcpy(a, p, len); /* the wire order is the host's */
+#else
     if (width == 4) {
         uint32_t *d = a;
         for (size_t i = 0; i < *n; i++)
@@ -513,6 +522,7 @@ static int parse_bin_array(struct kvi_pctx *c, const struct kvi_field *f, int wi
             d[i] = v;
         }
     }
+#endif
     *out = a;
     return 0;
 }
@@ -704,7 +714,8 @@ static int parse_fields(struct kvi_pctx *c, const struct kvi_field *f, size_t nf
     while ((r = kvi_rd_obj_next(rd, &key)) == 1) {
         const struct kvi_field *fi = NULL;
         for (size_t i = 0; i < nf; i++) {
-            if (kvi_str_eq(key, f[i].name)) {
+            /* the first byte rules out most names before a strlen */
+            if (key.len > 0 && key.p[0] == f[i].name[0] && kvi_str_eq(key, f[i].name)) {
                 fi = &f[i];
                 break;
             }
@@ -751,9 +762,8 @@ static int parse_fields(struct kvi_pctx *c, const struct kvi_field *f, size_t nf
 
 /* ---- score rows -------------------------------------------------------------------- */
 
-static int row_cmp(const void *a, const void *b)
+static inline int row_cmp_inline(const struct kvi_score_row *x, const struct kvi_score_row *y)
 {
-    const struct kvi_score_row *x = a, *y = b;
     if (x->name != NULL || y->name != NULL) {
         if (x->name == NULL)
             return -1;
@@ -768,25 +778,35 @@ static int row_cmp(const void *a, const void *b)
     return x->dp_rank < y->dp_rank ? -1 : x->dp_rank > y->dp_rank;
 }
 
+static int row_cmp(const void *a, const void *b)
+{
+    return row_cmp_inline(a, b);
+}
+
+/* Above this many rows, qsort; below, insertion sort (both stable here:
+ * glibc's qsort is a merge sort for arrays this small). */
+#define KVI_ROWS_INSERTION_MAX 32
+
 void kvi_rows__sort(struct kvi_score_row *rows, size_t n)
 {
-    if (n > 1)
+    /* The index lists matches by dense instance id, which usually follows
+     * the ids: check for sorted input first. */
+    size_t i = 1;
+    while (i < n && row_cmp_inline(&rows[i - 1], &rows[i]) <= 0)
+        i++;
+    if (i >= n)
+        return;
+    if (n > KVI_ROWS_INSERTION_MAX) {
         qsort(rows, n, sizeof(*rows), row_cmp);
-}
-
-bool kvi_rows__same_instance(const struct kvi_score_row *a, const struct kvi_score_row *b)
-{
-    if (a->name != NULL || b->name != NULL)
-        return a->name != NULL && b->name != NULL && strcmp(a->name, b->name) == 0;
-    return a->instance_id == b->instance_id;
-}
-
-void kvi_rows__key(struct kvi_wr *w, const struct kvi_score_row *r)
-{
-    if (r->name != NULL)
-        kvi_wr_keyz(w, r->name);
-    else
-        kvi_wr_key_u64(w, r->instance_id);
+        return;
+    }
+    for (; i < n; i++) {
+        struct kvi_score_row x = rows[i];
+        size_t j = i;
+        for (; j > 0 && row_cmp_inline(&rows[j - 1], &x) > 0; j--)
+            rows[j] = rows[j - 1];
+        rows[j] = x;
+    }
 }
 
 int kvi_parse__fields(struct kvi_pctx *c, const struct kvi_field *f, size_t nf, void *out,

@@ -257,9 +257,27 @@ int kvi_cond_encode_unregistered(const struct kvi_cond_key *keys, size_t n, enum
     return finish(out, enc, true);
 }
 
+/*
+ * The query response is written straight into memory sized by
+ * kvi_cond_query_max_len (the /query hot path), with the bytes of the
+ * kvi_wr_* writer (tests/api/codec_conductor_test.c compares).
+ */
+
+size_t kvi_cond_query_max_len(const struct kvi_score_row *rows, size_t n, struct kvi_str tenant)
+{
+    /* The tenant key (escaped) and the fixed keys; per row, at worst an
+     * instance of its own: its key, ~150 bytes of maxima and keys, and
+     * 34 + 98 bytes for its rank in DP and rank_matches (JSON, 20-digit
+     * values; msgpack is shorter). */
+    size_t len = 64 + 6 * tenant.len;
+    for (size_t i = 0; i < n; i++)
+        len += kvi_rows__key_max_len(&rows[i]) + 320;
+    return len;
+}
+
 /* One instance's rows [i, j): per-rank maps and maxima. */
-static void put_instance(struct kvi_wr *w, const struct kvi_score_row *rows, size_t i, size_t j,
-                         uint32_t bs, bool docs)
+static inline __attribute__((always_inline)) char *put_instance(char *o, const struct kvi_score_row *rows, size_t i,
+                                                                size_t j, uint32_t bs, bool docs, bool mp)
 {
     uint64_t g = 0, c = 0, d = 0;
     for (size_t k = i; k < j; k++) {
@@ -269,79 +287,113 @@ static void put_instance(struct kvi_wr *w, const struct kvi_score_row *rows, siz
     }
     uint64_t lm = KVI_MAX(g, KVI_MAX(c, d));
     uint32_t nr = (uint32_t)(j - i);
-    kvi_rows__key(w, &rows[i]);
-    kvi_wr_obj(w, 6);
-    kvi_wr_keyz(w, "longest_matched");
-    kvi_wr_u64(w, lm * bs);
+    o = kvi_rows__w_key(o, &rows[i], mp);
+    o = kvi__w_map(o, 6, mp);
+    o = KVI__W_KEY(o, mp, "longest_matched");
+    o = kvi__w_uint(o, lm * bs, mp);
+    o = kvi__w_sep(o, false, mp);
     if (docs) {
-        kvi_wr_keyz(w, "GPU");
-        kvi_wr_u64(w, g * bs);
+        o = KVI__W_KEY(o, mp, "GPU");
+        o = kvi__w_uint(o, g * bs, mp);
+        o = kvi__w_sep(o, false, mp);
+        o = KVI__W_KEY(o, mp, "DP");
+    } else {
+        o = KVI__W_KEY(o, mp, "dp");
     }
-    kvi_wr_keyz(w, docs ? "DP" : "dp");
-    kvi_wr_obj(w, nr);
+    o = kvi__w_map(o, nr, mp);
     for (size_t k = i; k < j; k++) {
-        kvi_wr_key_u64(w, rows[k].dp_rank);
-        kvi_wr_u64(w, (uint64_t)rows[k].gpu * bs);
+        o = kvi__w_sep(o, k == i, mp);
+        o = kvi__w_dec_key(o, rows[k].dp_rank, mp);
+        o = kvi__w_uint(o, (uint64_t)rows[k].gpu * bs, mp);
     }
-    kvi_wr_end(w);
+    o = kvi__w_end_map(o, mp);
+    o = kvi__w_sep(o, false, mp);
     if (docs) {
-        kvi_wr_keyz(w, "CPU");
-        kvi_wr_u64(w, c * bs);
-        kvi_wr_keyz(w, "DISK");
-        kvi_wr_u64(w, d * bs);
+        o = KVI__W_KEY(o, mp, "CPU");
+        o = kvi__w_uint(o, c * bs, mp);
+        o = kvi__w_sep(o, false, mp);
+        o = KVI__W_KEY(o, mp, "DISK");
+        o = kvi__w_uint(o, d * bs, mp);
+        o = kvi__w_sep(o, false, mp);
     }
-    kvi_wr_keyz(w, "rank_matches");
-    kvi_wr_obj(w, nr);
+    o = KVI__W_KEY(o, mp, "rank_matches");
+    o = kvi__w_map(o, nr, mp);
     for (size_t k = i; k < j; k++) {
-        kvi_wr_key_u64(w, rows[k].dp_rank);
-        kvi_wr_obj(w, 3);
-        kvi_wr_keyz(w, "gpu");
-        kvi_wr_u64(w, (uint64_t)rows[k].gpu * bs);
-        kvi_wr_keyz(w, "cpu");
-        kvi_wr_u64(w, (uint64_t)rows[k].cpu * bs);
-        kvi_wr_keyz(w, "disk");
-        kvi_wr_u64(w, (uint64_t)rows[k].disk * bs);
-        kvi_wr_end(w);
+        o = kvi__w_sep(o, k == i, mp);
+        o = kvi__w_dec_key(o, rows[k].dp_rank, mp);
+        o = kvi__w_map(o, 3, mp);
+        o = KVI__W_KEY(o, mp, "gpu");
+        o = kvi__w_uint(o, (uint64_t)rows[k].gpu * bs, mp);
+        o = kvi__w_sep(o, false, mp);
+        o = KVI__W_KEY(o, mp, "cpu");
+        o = kvi__w_uint(o, (uint64_t)rows[k].cpu * bs, mp);
+        o = kvi__w_sep(o, false, mp);
+        o = KVI__W_KEY(o, mp, "disk");
+        o = kvi__w_uint(o, (uint64_t)rows[k].disk * bs, mp);
+        o = kvi__w_end_map(o, mp);
     }
-    kvi_wr_end(w);
+    o = kvi__w_end_map(o, mp);
     if (!docs) {
-        kvi_wr_keyz(w, "gpu");
-        kvi_wr_u64(w, g * bs);
-        kvi_wr_keyz(w, "cpu");
-        kvi_wr_u64(w, c * bs);
-        kvi_wr_keyz(w, "disk");
-        kvi_wr_u64(w, d * bs);
+        o = kvi__w_sep(o, false, mp);
+        o = KVI__W_KEY(o, mp, "gpu");
+        o = kvi__w_uint(o, g * bs, mp);
+        o = kvi__w_sep(o, false, mp);
+        o = KVI__W_KEY(o, mp, "cpu");
+        o = kvi__w_uint(o, c * bs, mp);
+        o = kvi__w_sep(o, false, mp);
+        o = KVI__W_KEY(o, mp, "disk");
+        o = kvi__w_uint(o, d * bs, mp);
     }
-    kvi_wr_end(w);
+    return kvi__w_end_map(o, mp);
+}
+
+/* The whole answer, inlined once per encoding (@p mp constant). */
+static inline __attribute__((always_inline)) size_t encode_query(struct kvi_score_row *rows, size_t n,
+                                                                 uint32_t block_size, struct kvi_str tenant,
+                                                                 bool docs, bool mp, char *dst)
+{
+    kvi_rows__sort(rows, n);
+    uint32_t n_inst = kvi_rows__group(rows, n);
+    char *o = kvi__w_map(dst, 1, mp);
+    if (docs)
+        o = kvi__w_str_key(o, tenant.p, tenant.len, mp);
+    else
+        o = KVI__W_KEY(o, mp, "instances");
+    o = kvi__w_map(o, n_inst, mp);
+    for (size_t i = 0, j; i < n; i = j) {
+        j = rows[i]._end;
+        o = kvi__w_sep(o, i == 0, mp);
+        o = put_instance(o, rows, i, j, block_size, docs, mp);
+    }
+    o = kvi__w_end_map(o, mp);
+    o = kvi__w_end_map(o, mp);
+    if (!mp)
+        *o++ = '\n';
+    return (size_t)(o - dst);
+}
+
+size_t kvi_cond_encode_query_to(struct kvi_score_row *rows, size_t n, uint32_t block_size,
+                                struct kvi_str tenant, enum kvi_cond_shape shape, enum kvi_body_enc enc,
+                                char *dst)
+{
+    bool mp = enc == KVI_ENC_MSGPACK;
+    if (shape == KVI_COND_SHAPE_AUTO)
+        shape = mp ? KVI_COND_SHAPE_IMPL : KVI_COND_SHAPE_DOCS;
+    bool docs = shape == KVI_COND_SHAPE_DOCS;
+    if (mp)
+        return encode_query(rows, n, block_size, tenant, docs, true, dst);
+    return encode_query(rows, n, block_size, tenant, docs, false, dst);
 }
 
 int kvi_cond_encode_query(struct kvi_score_row *rows, size_t n, uint32_t block_size,
                           struct kvi_str tenant, enum kvi_cond_shape shape, enum kvi_body_enc enc,
                           struct kvi_buf *out)
 {
-    if (shape == KVI_COND_SHAPE_AUTO)
-        shape = enc == KVI_ENC_MSGPACK ? KVI_COND_SHAPE_IMPL : KVI_COND_SHAPE_DOCS;
-    bool docs = shape == KVI_COND_SHAPE_DOCS;
-    kvi_rows__sort(rows, n);
-    uint32_t n_inst = 0;
-    for (size_t i = 0; i < n; i++)
-        n_inst += i == 0 || !kvi_rows__same_instance(&rows[i - 1], &rows[i]);
-    struct kvi_wr w;
-    kvi_wr_init(&w, out, enc);
-    kvi_wr_obj(&w, 1);
-    if (docs)
-        kvi_wr_key(&w, tenant.p, tenant.len);
-    else
-        kvi_wr_keyz(&w, "instances");
-    kvi_wr_obj(&w, n_inst);
-    for (size_t i = 0, j; i < n; i = j) {
-        for (j = i + 1; j < n && kvi_rows__same_instance(&rows[i], &rows[j]); j++)
-            ;
-        put_instance(&w, rows, i, j, block_size, docs);
-    }
-    kvi_wr_end(&w);
-    kvi_wr_end(&w);
-    return finish(out, enc, true);
+    char *o = kvi_buf_reserve(out, kvi_cond_query_max_len(rows, n, tenant));
+    if (o == NULL)
+        return -ENOMEM;
+    out->len += kvi_cond_encode_query_to(rows, n, block_size, tenant, shape, enc, o);
+    return 0;
 }
 
 static void put_hash_profile(struct kvi_wr *w, const struct kvi_hash_profile *hp)

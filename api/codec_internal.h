@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <string.h>
 
 #include "api/codec.h"
 #include "engine/common.h"
@@ -68,6 +69,167 @@ static inline bool kvi__in_range(const struct kvi_num *n, int64_t min, uint64_t 
         return false;
     *bits = n->mag;
     return true;
+}
+
+/* ---- raw writers: write at a cursor the caller made room for ---------------
+ * The response encoders of the query routes compute an upper bound of their
+ * output once, reserve it, and then write through a bare char pointer: no
+ * capacity check, no oom flag, no container stack per value. Each function
+ * returns the new cursor. Their bytes are exactly what the kvi_wr_* writer
+ * produces for the same value (the codec tests compare both).
+ */
+
+/** "00".."99", two characters each (json.c). */
+extern const char kvi__digits2[201];
+
+/** Number of decimal digits of @p v (1 for 0). */
+static inline unsigned kvi__dec_len(uint64_t v)
+{
+    static const uint64_t pow10[20] = {1ull,
+                                       10ull,
+                                       100ull,
+                                       1000ull,
+                                       10000ull,
+                                       100000ull,
+                                       1000000ull,
+                                       10000000ull,
+                                       100000000ull,
+                                       1000000000ull,
+                                       10000000000ull,
+                                       100000000000ull,
+                                       1000000000000ull,
+                                       10000000000000ull,
+                                       100000000000000ull,
+                                       1000000000000000ull,
+                                       10000000000000000ull,
+                                       100000000000000000ull,
+                                       1000000000000000000ull,
+                                       10000000000000000000ull};
+    /* log10 estimate from the bit length (1233 / 4096 ~ log10(2)), exact after one compare */
+    unsigned t = (unsigned)(64 - __builtin_clzll(v | 1)) * 1233u >> 12;
+    return t + ((v | 1) >= pow10[t]); /* v | 1: 0 has one digit too */
+}
+
+/** Decimal @p v at @p o (room for 20 bytes). */
+static inline __attribute__((always_inline)) char *kvi__w_dec(char *o, uint64_t v)
+{
+    if (v < 10) {
+        *o = (char)('0' + v);
+        return o + 1;
+    }
+    if (v < 100) {
+        memcpy(o, kvi__digits2 + 2 * v, 2);
+        return o + 2;
+    }
+    char *end = o + kvi__dec_len(v), *p = end;
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        p -= 2;
+        memcpy(p, kvi__digits2 + 2 * r, 2);
+    }
+    if (v >= 10)
+        memcpy(p - 2, kvi__digits2 + 2 * v, 2);
+    else
+        p[-1] = (char)('0' + v);
+    return end;
+}
+
+/** @p s JSON-escaped, without quotes (room for 6 * @p len bytes; json.c). */
+char *kvi__w_json_esc(char *o, const char *s, size_t len);
+
+/** @p s JSON-escaped between quotes (room for 6 * @p len + 2 bytes). */
+static inline char *kvi__w_json_str(char *o, const char *s, size_t len)
+{
+    *o++ = '"';
+    o = kvi__w_json_esc(o, s, len);
+    *o++ = '"';
+    return o;
+}
+
+/** Copy @p n bytes. */
+static inline char *kvi__w_mem(char *o, const void *s, size_t n)
+{
+    memcpy(o, s, n);
+    return o + n;
+}
+
+/** Copy a string literal (without its NUL). */
+#define KVI__W_LIT(o, lit) kvi__w_mem((o), (lit), sizeof(lit) - 1)
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define KVI__BE16(v) __builtin_bswap16(v)
+#define KVI__BE32(v) __builtin_bswap32(v)
+#define KVI__BE64(v) __builtin_bswap64(v)
+#else
+#define KVI__BE16(v) (v)
+#define KVI__BE32(v) (v)
+#define KVI__BE64(v) (v)
+#endif
+
+/* A msgpack tag and its big-endian @p w-byte payload (w = 1, 2, 4 or 8). */
+static inline char *kvi__w_be(char *o, uint8_t tag, uint64_t v, int w)
+{
+    *o++ = (char)tag;
+    if (w == 1) {
+        *o = (char)v;
+    } else if (w == 2) {
+        uint16_t x = KVI__BE16((uint16_t)v);
+        memcpy(o, &x, 2);
+    } else if (w == 4) {
+        uint32_t x = KVI__BE32((uint32_t)v);
+        memcpy(o, &x, 4);
+    } else {
+        uint64_t x = KVI__BE64(v);
+        memcpy(o, &x, 8);
+    }
+    return o + w;
+}
+
+/** msgpack unsigned integer, smallest form (at most 9 bytes). */
+static inline __attribute__((always_inline)) char *kvi__w_mp_uint(char *o, uint64_t v)
+{
+    if (v <= 0x7f) {
+        *o = (char)v;
+        return o + 1;
+    }
+    if (v <= 0xff)
+        return kvi__w_be(o, 0xcc, v, 1);
+    if (v <= 0xffff)
+        return kvi__w_be(o, 0xcd, v, 2);
+    if (v <= 0xffffffffu)
+        return kvi__w_be(o, 0xce, v, 4);
+    return kvi__w_be(o, 0xcf, v, 8);
+}
+
+/** msgpack map header (at most 5 bytes). */
+static inline char *kvi__w_mp_map(char *o, uint32_t n)
+{
+    if (n <= 15) {
+        *o = (char)(0x80 | n);
+        return o + 1;
+    }
+    return n <= 0xffff ? kvi__w_be(o, 0xde, n, 2) : kvi__w_be(o, 0xdf, n, 4);
+}
+
+/** msgpack str header (at most 5 bytes). */
+static inline char *kvi__w_mp_str_hdr(char *o, size_t len)
+{
+    if (len <= 31) {
+        *o = (char)(0xa0 | len);
+        return o + 1;
+    }
+    if (len <= 0xff)
+        return kvi__w_be(o, 0xd9, len, 1);
+    return len <= 0xffff ? kvi__w_be(o, 0xda, len, 2) : kvi__w_be(o, 0xdb, len, 4);
+}
+
+/** A msgpack str holding the decimal form of @p v (at most 21 bytes). */
+static inline __attribute__((always_inline)) char *kvi__w_mp_dec_str(char *o, uint64_t v)
+{
+    char *e = kvi__w_dec(o + 1, v);
+    *o = (char)(0xa0 | (e - o - 1));
+    return e;
 }
 
 /* ---- msgpack writer (codec_msgpack.c) ------------------------------------ */
@@ -152,11 +314,105 @@ int kvi_parse__fields(struct kvi_pctx *c, const struct kvi_field *f, size_t nf, 
 /** The default tenant "default". */
 extern const struct kvi_str kvi_str_default;
 
-/** Sort score rows by (name or id, dp_rank). */
+/** Sort score rows by (name or id, dp_rank); stable. */
 void kvi_rows__sort(struct kvi_score_row *rows, size_t n);
+/** Upper bound of a row's instance key as kvi_rows__w_key writes it (either encoding). */
+static inline size_t kvi_rows__key_max_len(const struct kvi_score_row *r)
+{
+    /* JSON: quotes, escapes (at most 6 bytes per byte) and ':'; msgpack: a
+     * 5-byte str header at most */
+    return r->name == NULL ? 24 : 6 * strlen(r->name) + 8;
+}
+
 /** Whether two rows belong to the same instance. */
-bool kvi_rows__same_instance(const struct kvi_score_row *a, const struct kvi_score_row *b);
-/** Write a row's instance as a key (decimal id or name). */
-void kvi_rows__key(struct kvi_wr *w, const struct kvi_score_row *r);
+static inline bool kvi_rows__same_inst(const struct kvi_score_row *a, const struct kvi_score_row *b)
+{
+    if (a->name != NULL || b->name != NULL)
+        return a->name != NULL && b->name != NULL && strcmp(a->name, b->name) == 0;
+    return a->instance_id == b->instance_id;
+}
+
+/** A map key holding a decimal number (a dp rank, an instance id). */
+static inline __attribute__((always_inline)) char *kvi__w_dec_key(char *o, uint64_t v, bool mp)
+{
+    if (mp)
+        return kvi__w_mp_dec_str(o, v);
+    *o++ = '"';
+    o = kvi__w_dec(o, v);
+    *o++ = '"';
+    *o++ = ':';
+    return o;
+}
+
+/** A map key holding a string (escaped in JSON). */
+static inline char *kvi__w_str_key(char *o, const char *s, size_t len, bool mp)
+{
+    if (mp)
+        return len > 0 ? kvi__w_mem(kvi__w_mp_str_hdr(o, len), s, len) : kvi__w_mp_str_hdr(o, 0);
+    o = kvi__w_json_str(o, s, len);
+    *o++ = ':';
+    return o;
+}
+
+/** A constant key (a string literal of at most 31 bytes, nothing to escape). */
+#define KVI__W_KEY(o, mp, k)                                                                       \
+    ((mp) ? kvi__w_mem(kvi__w_mp_str_hdr((o), sizeof(k) - 1), (k), sizeof(k) - 1)                 \
+          : KVI__W_LIT((o), "\"" k "\":"))
+
+/** An unsigned value. */
+static inline char *kvi__w_uint(char *o, uint64_t v, bool mp)
+{
+    return mp ? kvi__w_mp_uint(o, v) : kvi__w_dec(o, v);
+}
+
+/** Open a map of @p n entries ('{' in JSON). */
+static inline char *kvi__w_map(char *o, uint32_t n, bool mp)
+{
+    if (mp)
+        return kvi__w_mp_map(o, n);
+    *o = '{';
+    return o + 1;
+}
+
+/** Close a map ('}' in JSON, nothing in msgpack). */
+static inline char *kvi__w_end_map(char *o, bool mp)
+{
+    if (!mp)
+        *o++ = '}';
+    return o;
+}
+
+/** The JSON separator before an entry that is not the first. */
+static inline char *kvi__w_sep(char *o, bool first, bool mp)
+{
+    if (!mp && !first)
+        *o++ = ',';
+    return o;
+}
+
+/**
+ * Mark the instances of sorted rows: rows[i]._end is the end of the rows of
+ * the instance that starts at row i (set on each instance's first row).
+ * @return the number of instances.
+ */
+static inline uint32_t kvi_rows__group(struct kvi_score_row *rows, size_t n)
+{
+    uint32_t n_inst = 0;
+    for (size_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && kvi_rows__same_inst(&rows[i], &rows[j]); j++)
+            ;
+        rows[i]._end = (uint32_t)j;
+        n_inst++;
+    }
+    return n_inst;
+}
+
+/** A row's instance as a map key: decimal id, or name. */
+static inline __attribute__((always_inline)) char *kvi_rows__w_key(char *o, const struct kvi_score_row *r, bool mp)
+{
+    if (r->name == NULL)
+        return kvi__w_dec_key(o, r->instance_id, mp);
+    return kvi__w_str_key(o, r->name, strlen(r->name), mp);
+}
 
 #endif

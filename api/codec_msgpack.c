@@ -154,7 +154,7 @@ int kvi_mp__obj_next(struct kvi_rd *rd, struct kvi_str *key)
         return 0;
     }
     (*remain)--;
-    if (kvi_mp__peek(rd) != KVI_VT_STR) {
+    if ((rd->_p >= rd->_end || (*rd->_p & 0xe0) != 0xa0) && kvi_mp__peek(rd) != KVI_VT_STR) {
         if (rd->_p >= rd->_end)
             return eof(rd);
         return kvi_rd__fail(rd, "map key must be a string");
@@ -231,16 +231,28 @@ static int payload(struct kvi_rd *rd, const uint8_t **data, uint32_t *n, size_t 
 
 int kvi_mp__str(struct kvi_rd *rd, struct kvi_str *out)
 {
-    enum kvi_vt vt = kvi_mp__peek(rd);
-    if (vt != KVI_VT_STR)
-        return wrong(rd, vt);
     const uint8_t *d;
     uint32_t n;
-    size_t h;
-    int r = payload(rd, &d, &n, &h);
-    if (r != 0)
-        return r;
+    if (rd->_p < rd->_end && (*rd->_p & 0xe0) == 0xa0) { /* fixstr: keys and short values */
+        n = *rd->_p & 0x1f;
+        if (left(rd) - 1 < n)
+            return eof(rd);
+        d = rd->_p + 1;
+    } else {
+        enum kvi_vt vt = kvi_mp__peek(rd);
+        if (vt != KVI_VT_STR)
+            return wrong(rd, vt);
+        size_t h;
+        int r = payload(rd, &d, &n, &h);
+        if (r != 0)
+            return r;
+    }
     for (uint32_t i = 0; i < n;) {
+        uint64_t w;
+        if (n - i >= 8 && (memcpy(&w, d + i, 8), (w & 0x8080808080808080ull) == 0)) {
+            i += 8; /* eight ASCII bytes */
+            continue;
+        }
         if (d[i] < 0x80) {
             i++;
             continue;

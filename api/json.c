@@ -108,36 +108,53 @@ void kvi_buf_putc(struct kvi_buf *b, char c)
     b->len++;
 }
 
-static const char kvi_digits2[201] = "00010203040506070809"
-                                     "10111213141516171819"
-                                     "20212223242526272829"
-                                     "30313233343536373839"
-                                     "40414243444546474849"
-                                     "50515253545556575859"
-                                     "60616263646566676869"
-                                     "70717273747576777879"
-                                     "80818283848586878889"
-                                     "90919293949596979899";
+const char kvi__digits2[201] = "00010203040506070809"
+                               "10111213141516171819"
+                               "20212223242526272829"
+                               "30313233343536373839"
+                               "40414243444546474849"
+                               "50515253545556575859"
+                               "60616263646566676869"
+                               "70717273747576777879"
+                               "80818283848586878889"
+                               "90919293949596979899";
+
+unsigned kvi_dec_len(uint64_t v)
+{
+    return kvi__dec_len(v);
+}
 
 size_t kvi_u64_to_dec(uint64_t v, char *out)
 {
-    char tmp[20];
-    char *p = tmp + sizeof(tmp);
-    while (v >= 100) {
-        unsigned r = (unsigned)(v % 100);
-        v /= 100;
-        p -= 2;
-        memcpy(p, kvi_digits2 + 2 * r, 2);
+    return (size_t)(kvi__w_dec(out, v) - out);
+}
+
+char *kvi__w_json_esc(char *o, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *o++ = (char)c;
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        default:
+            memcpy(o, "u00", 3);
+            o[3] = hex[c >> 4];
+            o[4] = hex[c & 15];
+            o += 5;
+        }
     }
-    if (v >= 10) {
-        p -= 2;
-        memcpy(p, kvi_digits2 + 2 * v, 2);
-    } else {
-        *--p = (char)('0' + v);
-    }
-    size_t n = (size_t)(tmp + sizeof(tmp) - p);
-    memcpy(out, p, n);
-    return n;
+    return o;
 }
 
 void kvi_buf_put_u64(struct kvi_buf *b, uint64_t v)
@@ -256,12 +273,6 @@ char *kvi_scratch_strdup(struct kvi_scratch *s, const char *p, size_t n)
         memcpy(d, p, n);
     d[n] = '\0';
     return d;
-}
-
-bool kvi_str_eq(struct kvi_str s, const char *lit)
-{
-    size_t n = strlen(lit);
-    return s.len == n && memcmp(s.p, lit, n) == 0;
 }
 
 /* ---- reader: common ---------------------------------------------------------- */
@@ -912,20 +923,21 @@ void kvi_rd_describe(struct kvi_rd *rd, char *out, size_t cap)
 
 /*
  * The leading decimal digits of the 8 bytes at @p p (readable): their count
- * k, and when 1 <= k <= 7 their value in *v (k == 8: more digits may follow,
- * *v untouched). Branch-free: per-byte digit test and the classic
- * multiply-shift reduction of eight digits.
+ * k (0..8), and when k > 0 their value in *v. Branch-free: per-byte digit
+ * test and the classic multiply-shift reduction of eight digits. The bytes
+ * are taken little-endian (p[0] is the low byte).
  */
 static inline uint32_t swar_digits(const uint8_t *p, uint64_t *v)
 {
     uint64_t x;
-    memcpy(&x, p, 8); /* little-endian: p[0] is the low byte */
+    memcpy(&x, p, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    x = __builtin_bswap64(x);
+#endif
     uint64_t d = x ^ 0x3030303030303030ull; /* digits become 0..9 */
     /* high bit of each byte set unless the byte is a digit */
     uint64_t nd = (((d & 0x7f7f7f7f7f7f7f7full) + 0x7676767676767676ull) | d) & 0x8080808080808080ull;
-    if (nd == 0)
-        return 8;
-    uint32_t k = (uint32_t)__builtin_ctzll(nd) >> 3;
+    uint32_t k = nd == 0 ? 8 : (uint32_t)__builtin_ctzll(nd) >> 3;
     if (k == 0)
         return 0;
     /* keep the k digits in the top bytes (leading zeros below) */
@@ -937,8 +949,82 @@ static inline uint32_t swar_digits(const uint8_t *p, uint64_t *v)
     return k;
 }
 
-static int json_int_array(struct kvi_rd *rd, int64_t min, uint64_t max, void **out, size_t *n_out,
-                          struct kvi_elem_err *e, int width)
+static const uint64_t pow10_8[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
+
+/* Bytes the fast path may read from an element's first byte on. */
+#define FAST_ZONE 32
+
+/*
+ * Fast path of one array element at @p p (FAST_ZONE bytes readable): an
+ * optional '-' and at most 20 digits without a leading zero, followed by
+ * neither a fraction nor an exponent, whose magnitude fits 64 bits.
+ * @return the byte after it with *num set, or NULL: anything else, for the
+ *         general path to parse or reject.
+ */
+static inline __attribute__((always_inline)) const uint8_t *fast_int(const uint8_t *p, struct kvi_num *num)
+{
+    /* '-' (and the caller's ' ') are tested with branches, not folded into
+     * the address arithmetic: well predicted, they keep the next element's
+     * position off the load of this byte. The array loop is bound by that
+     * chain (load, digit mask, count, next position): ~5.5 ns per token id. */
+    bool neg = false;
+    const uint8_t *q = p;
+    if (__builtin_expect(*q == '-', 0)) {
+        neg = true;
+        q++;
+    }
+    uint64_t v, w;
+    uint32_t k = swar_digits(q, &v);
+    if (k == 0 || (k > 1 && *q == '0'))
+        return NULL;
+    if (k == 8) {
+        uint32_t k2 = swar_digits(q + 8, &w);
+        if (k2 > 0)
+            v = v * pow10_8[k2] + w;
+        k += k2;
+        if (k2 == 8) {
+            uint32_t k3 = swar_digits(q + 16, &w);
+            if (k3 > 4)
+                return NULL; /* 21 digits or more */
+            if (k3 > 0 && (__builtin_mul_overflow(v, pow10_8[k3], &v) || __builtin_add_overflow(v, w, &v)))
+                return NULL;
+            k += k3;
+        }
+    }
+    q += k; /* a non-digit */
+    if (*q == '.' || *q == 'e' || *q == 'E')
+        return NULL;
+    num->mag = v;
+    num->neg = neg && v != 0; /* -0 is 0 */
+    return q;
+}
+
+static inline bool json_ws_byte(uint8_t c)
+{
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+static inline const uint8_t *skip_ws(const uint8_t *p, const uint8_t *end)
+{
+    while (p < end && json_ws_byte(*p))
+        p++;
+    return p;
+}
+
+/*
+ * An integer array. Per element, the fast path above takes plain integers
+ * in range; everything else (the last elements near the end of the body,
+ * floats, leading zeros, out-of-range values, other types, syntax errors)
+ * is parsed again by the general path, which alone reports errors, so the
+ * results, error texts and offsets are those of the general path alone
+ * (tests/api/json_test.c compares with the previous implementation).
+ * Always inlined into the two callers so @p width is a constant.
+ * Measured (thread CPU, this VM): 4,096 token ids 25 -> 22 us (6.1 -> 5.4 ns
+ * per id, 90 -> 79 instructions); 128 signed 19-digit hashes 2.4 -> 1.1 us.
+ */
+static inline __attribute__((always_inline)) int json_int_array(struct kvi_rd *rd, int64_t min, uint64_t max,
+                                                                void **out, size_t *n_out,
+                                                                struct kvi_elem_err *e, int width)
 {
     enum kvi_vt vt = json_peek(rd);
     if (vt != KVI_VT_ARR)
@@ -952,8 +1038,25 @@ static int json_int_array(struct kvi_rd *rd, int64_t min, uint64_t max, void **o
     const uint8_t *p = rd->_p, *end = rd->_end;
     size_t n = 0;
     for (;;) {
-        while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        struct kvi_num num;
+        uint64_t bits;
+        /* Fast loop: plain integers in range, separated by ',' or ", " (as
+         * Python writes them), at least FAST_ZONE bytes before the end. */
+        while (end - p >= FAST_ZONE) {
+            if (*p == ' ')
+                p++; /* FAST_ZONE leaves room for it */
+            const uint8_t *q = fast_int(p, &num);
+            if (q == NULL || !kvi__in_range(&num, min, max, &bits))
+                break;
+            kvi__store_elem(a, n, bits, width);
+            n++;
+            p = q;
+            if (*q != ',')
+                goto separator;
             p++;
+        }
+        /* General path: one element, anything else (or near the end). */
+        p = skip_ws(p, end);
         if (p >= end) {
             rd->_p = p;
             return kvi_rd__fail(rd, "EOF while parsing a list");
@@ -967,67 +1070,35 @@ static int json_int_array(struct kvi_rd *rd, int64_t min, uint64_t max, void **o
             break;
         }
         const uint8_t *el = p;
-        uint64_t v = (uint64_t)(*p - '0');
-        if (v < 10 && v != 0) {
-            /* fast path: a plain non-negative integer of up to 19 digits;
-             * up to 7 digits (token ids) without a per-digit branch */
-            uint32_t k;
-            if (end - p >= 8 && (k = swar_digits(p, &v)) < 8) {
-                p += k;
-            } else {
-                const uint8_t *lim = end - p > 19 ? p + 19 : end;
-                v = (uint64_t)(*p - '0');
-                p++;
-                while (p < lim && is_digit(*p))
-                    v = v * 10 + (uint64_t)(*p++ - '0');
-            }
-            if (p < end && (is_digit(*p) || *p == '.' || *p == 'e' || *p == 'E'))
-                goto slow;
-            if (v > max) {
-                e->index = n;
-                e->kind = KVI_EF_RANGE;
-                e->num.mag = v;
-                e->num.neg = false;
-                e->big = false;
-                e->off = (size_t)(el - rd->_base);
-                rd->_p = el;
-                return KVI_RD_ELEM;
-            }
-            kvi__store_elem(a, n, v, width);
-        } else {
-        slow:
-            rd->_p = p = el;
-            vt = json_peek(rd);
-            if (vt != KVI_VT_INT) {
-                if (vt == KVI_VT_BAD)
-                    return json_wrong(rd, vt);
-                e->index = n;
-                e->kind = KVI_EF_TYPE;
-                e->vt = vt;
-                e->off = (size_t)(el - rd->_base);
-                return KVI_RD_ELEM;
-            }
-            struct kvi_num num;
-            int r = json_num(rd, &num);
-            if (r < 0)
-                return r;
-            uint64_t bits;
-            if (r != 0 || !kvi__in_range(&num, min, max, &bits)) {
-                e->index = n;
-                e->kind = r == KVI_NUM_FLOAT ? KVI_EF_FLOAT : KVI_EF_RANGE;
-                e->num = num;
-                e->big = r == KVI_NUM_BIG;
-                e->vt = KVI_VT_INT;
-                e->off = (size_t)(el - rd->_base);
-                rd->_p = el;
-                return KVI_RD_ELEM;
-            }
-            kvi__store_elem(a, n, bits, width);
-            p = rd->_p;
+        rd->_p = p;
+        vt = json_peek(rd);
+        if (vt != KVI_VT_INT) {
+            if (vt == KVI_VT_BAD)
+                return json_wrong(rd, vt);
+            e->index = n;
+            e->kind = KVI_EF_TYPE;
+            e->vt = vt;
+            e->off = (size_t)(el - rd->_base);
+            return KVI_RD_ELEM;
         }
+        int r = json_num(rd, &num);
+        if (r < 0)
+            return r;
+        if (r != 0 || !kvi__in_range(&num, min, max, &bits)) {
+            e->index = n;
+            e->kind = r == KVI_NUM_FLOAT ? KVI_EF_FLOAT : KVI_EF_RANGE;
+            e->num = num;
+            e->big = r == KVI_NUM_BIG;
+            e->vt = KVI_VT_INT;
+            e->off = (size_t)(el - rd->_base);
+            rd->_p = el;
+            return KVI_RD_ELEM;
+        }
+        kvi__store_elem(a, n, bits, width);
         n++;
-        while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-            p++;
+        p = rd->_p;
+    separator:
+        p = skip_ws(p, end);
         if (p < end && *p == ',') {
             p++;
             continue;
@@ -1167,36 +1238,17 @@ out:
 
 void kvi_json_put_str(struct kvi_buf *b, const char *s, size_t len)
 {
-    static const char hex[] = "0123456789abcdef";
+    /* escaping at most sextuples a byte: reserve per piece, not 6x the whole string */
+    enum { PIECE = 1024 };
     kvi_buf_putc(b, '"');
-    size_t run = 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        kvi_buf_put(b, s + run, i - run);
-        run = i + 1;
-        char esc[6] = {'\\', 0, 0, 0, 0, 0};
-        size_t n = 2;
-        switch (c) {
-        case '"': esc[1] = '"'; break;
-        case '\\': esc[1] = '\\'; break;
-        case '\n': esc[1] = 'n'; break;
-        case '\r': esc[1] = 'r'; break;
-        case '\t': esc[1] = 't'; break;
-        case '\b': esc[1] = 'b'; break;
-        case '\f': esc[1] = 'f'; break;
-        default:
-            esc[1] = 'u';
-            esc[2] = '0';
-            esc[3] = '0';
-            esc[4] = hex[c >> 4];
-            esc[5] = hex[c & 15];
-            n = 6;
-        }
-        kvi_buf_put(b, esc, n);
+    for (size_t at = 0; at < len;) {
+        size_t n = len - at < PIECE ? len - at : PIECE;
+        char *o = kvi_buf_reserve(b, 6 * n);
+        if (o == NULL)
+            return;
+        b->len += (size_t)(kvi__w_json_esc(o, s + at, n) - o);
+        at += n;
     }
-    kvi_buf_put(b, s + run, len - run);
     kvi_buf_putc(b, '"');
 }
 

@@ -47,6 +47,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ---- byte buffer ---------------------------------------------------------- */
 
@@ -87,6 +88,8 @@ static inline bool kvi_buf_ok(const struct kvi_buf *b) { return !b->oom; }
 
 /** Write the decimal form of @p v at @p out (room for 20 bytes). @return length. */
 size_t kvi_u64_to_dec(uint64_t v, char *out);
+/** Number of decimal digits of @p v (1 for 0). */
+unsigned kvi_dec_len(uint64_t v);
 
 /* ---- scratch allocator ---------------------------------------------------- */
 
@@ -123,8 +126,11 @@ struct kvi_str {
     size_t len;
 };
 
-/** True when @p s equals the NUL-terminated @p lit. */
-bool kvi_str_eq(struct kvi_str s, const char *lit);
+/**
+ * True when @p s equals the NUL-terminated @p lit. An absent string
+ * ({NULL, 0}) equals "".
+ */
+static inline bool kvi_str_eq(struct kvi_str s, const char *lit);
 
 /** Body encodings. */
 enum kvi_body_enc {
@@ -327,5 +333,14 @@ void kvi_wr_null(struct kvi_wr *w);
 
 /** Append @p s JSON-escaped, between quotes, to @p b. */
 void kvi_json_put_str(struct kvi_buf *b, const char *s, size_t len);
+
+/* inline defs */
+
+static inline bool kvi_str_eq(struct kvi_str s, const char *lit)
+{
+    size_t n = strlen(lit);
+    /* s.p may be NULL when s.len is 0: memcmp must not see it */
+    return s.len == n && (n == 0 || memcmp(s.p, lit, n) == 0);
+}
 
 #endif

@@ -1,6 +1,7 @@
 /*
  * P2P recovery: see api/recovery.h. The fetch is a blocking GET
- * (net/http_client.h) on the control thread; its body callback feeds the dump decoder, whose
+ * (net/http_client.h) on the control thread, cancelled within ~50 ms once
+ * shutdown begins; its body callback feeds the dump decoder, whose
  * callbacks turn records into single-block ops submitted through the control
  * thread's producer. Memory stays bounded by the decoder's largest event.
  */
@@ -191,6 +192,13 @@ static void attempt_free(struct attempt *a)
     kvi_dump_dec_destroy(a->dec);
 }
 
+/* The client's cancel hook: shutdown stops a fetch that is connecting or
+ * waiting for the peer, not only one that is receiving (on_body). */
+static bool stop_fetch(void *ud)
+{
+    return kvi_service_stopping(ud);
+}
+
 /* One peer. @return 0 on success, else a negative errno (err says why). */
 static int try_peer(struct kvi_service *svc, struct kvi_http_client *client, const char *peer,
                     struct kvi_recovery_stats *st, char *err, size_t errlen)
@@ -252,6 +260,8 @@ enum kvi_recovery_result kvi_recovery_run(struct kvi_service *svc, const char *c
     if (o.connect_timeout_ms > timeout_ms)
         o.connect_timeout_ms = timeout_ms;
     o.proto = KVI_HTTP_CLIENT_H1; /* what every peer (kvidx, Dynamo) speaks */
+    o.cancel = stop_fetch;
+    o.cancel_ud = svc;
     struct kvi_http_client *client = kvi_http_client_create(&o);
     if (client == NULL) {
         kvi_log_error("recovery: no HTTP client: %s", strerror(errno));
@@ -272,6 +282,8 @@ enum kvi_recovery_result kvi_recovery_run(struct kvi_service *svc, const char *c
         kvi_log_warn("recovery: peer %s failed: %s", peers[i], err);
     }
     kvi_http_client_free(client);
+    if (res == KVI_RECOVERY_NO_REACHABLE_PEERS && kvi_service_stopping(svc))
+        res = KVI_RECOVERY_FAILED; /* cut short by shutdown, not out of peers */
     if (res == KVI_RECOVERY_NO_REACHABLE_PEERS)
         kvi_log_warn("recovery: no reachable peer; starting empty");
     st->duration_ms = (kvi_now_ns() - t0) / 1000000u;

@@ -23,6 +23,23 @@ void kvi_routes_send(struct kvi_http_res *res, int status, const char *ctype, co
     kvi_http_respond(res, status, ctype, b->data, b->len);
 }
 
+char *kvi_routes_body(struct kvi_route_thread *t, struct kvi_http_res *res, size_t max)
+{
+    if (max <= KVI_ROUTES_POOL_BODY_MAX)
+        return kvi_http_alloc(res, max);
+    kvi_buf_reset(&t->out);
+    return kvi_buf_reserve(&t->out, max);
+}
+
+void kvi_routes_send_body(struct kvi_route_thread *t, struct kvi_http_res *res, int status, const char *ctype,
+                          const char *body, size_t len)
+{
+    if (body == t->out.data) /* the thread's buffer is reused by the next request: copy */
+        kvi_http_respond(res, status, ctype, body, len);
+    else
+        kvi_http_respond_nocopy(res, status, ctype, body, len);
+}
+
 void kvi_routes_send_err(struct kvi_http_res *res, struct kvi_route_thread *t, enum kvi_dialect d,
                          enum kvi_body_enc enc, const struct kvi_api_err *e)
 {

@@ -55,7 +55,7 @@ static size_t cond_rows(struct kvi_route_thread *t, const struct kvi_svc_cond_ct
         for (uint32_t j = 0; j < in->n_ranks; j++) {
             const struct kvi_tier_match *m = tm_find(t->tm, n_tm, in->dense, in->ranks[j]);
             struct kvi_score_row *r = &t->rows[k++];
-            *r = (struct kvi_score_row){0, in->name, in->ranks[j], 0, pool_cpu, pool_disk, 0};
+            *r = (struct kvi_score_row){.name = in->name, .dp_rank = in->ranks[j], .cpu = pool_cpu, .disk = pool_disk};
             if (m != NULL) {
                 r->gpu = m->gpu;
                 r->cpu = m->cpu;
@@ -101,14 +101,16 @@ size_t kvi_routes_cond_query(struct kvi_routes *rt, struct kvi_route_thread *t, 
             n_rows = cond_rows(t, x, t->hashes, NULL, n, has_filter, filter);
         }
     }
-    kvi_buf_reset(&t->out);
-    rc = kvi_cond_encode_query(t->rows, n_rows, bs, tenant, KVI_COND_SHAPE_AUTO, enc, &t->out);
+    char *body = kvi_routes_body(t, res, kvi_cond_query_max_len(t->rows, n_rows, tenant));
+    size_t len = 0;
+    if (body != NULL)
+        len = kvi_cond_encode_query_to(t->rows, n_rows, bs, tenant, KVI_COND_SHAPE_AUTO, enc, body);
     kvi_rcu_read_unlock(); /* row names live in the roster: encoded above */
-    if (rc != 0) {
+    if (body == NULL) {
         kvi_http_error(res, 500, "out of memory");
         return n;
     }
-    kvi_routes_send(res, 200, enc == KVI_ENC_MSGPACK ? KVI_MIME_MSGPACK : KVI_MIME_JSON, &t->out);
+    kvi_routes_send_body(t, res, 200, enc == KVI_ENC_MSGPACK ? KVI_MIME_MSGPACK : KVI_MIME_JSON, body, len);
     return n;
 }
 

@@ -29,7 +29,8 @@ static size_t dyn_rows(struct kvi_route_thread *t, struct kvi_index *ix, size_t 
         bool shared = false;
         if (kvi_index_instance_info(ix, m->instance, &id, &name, &shared) != 0 || shared)
             continue; /* storage pools only extend instances' cpu/disk reach */
-        t->rows[k++] = (struct kvi_score_row){id, name, m->dp_rank, m->gpu, m->cpu, m->disk, m->tree_size};
+        t->rows[k++] = (struct kvi_score_row){.instance_id = id, .name = name, .dp_rank = m->dp_rank, .gpu = m->gpu,
+                                              .cpu = m->cpu, .disk = m->disk, .tree_size = m->tree_size};
     }
     return k;
 }
@@ -79,14 +80,16 @@ size_t kvi_routes_dyn_query(struct kvi_routes *rt, struct kvi_route_thread *t, c
     }
     size_t n_tm = kvi_routes_tiered(t, ns->ix, h, NULL, n);
     size_t n_rows = dyn_rows(t, ns->ix, n_tm);
-    kvi_buf_reset(&t->out);
-    rc = kvi_dyn_encode_scores(t->rows, n_rows, bs, KVI_SCORE_FULL, enc, &t->out);
+    char *body = kvi_routes_body(t, res, kvi_dyn_scores_max_len(t->rows, n_rows));
+    size_t len = 0;
+    if (body != NULL)
+        len = kvi_dyn_encode_scores_to(t->rows, n_rows, bs, KVI_SCORE_FULL, enc, body);
     kvi_rcu_read_unlock(); /* rows name instances through index memory: encoded above */
-    if (rc != 0) {
+    if (body == NULL) {
         kvi_http_error(res, 500, "out of memory");
         return n;
     }
-    kvi_routes_send(res, 200, enc == KVI_ENC_MSGPACK ? KVI_MIME_MSGPACK : KVI_MIME_JSON, &t->out);
+    kvi_routes_send_body(t, res, 200, enc == KVI_ENC_MSGPACK ? KVI_MIME_MSGPACK : KVI_MIME_JSON, body, len);
     return n;
 }
 

@@ -60,6 +60,21 @@ void kvi_routes_send_err(struct kvi_http_res *res, struct kvi_route_thread *t, e
 /** Complete a deferred control request with @p b, or with the error when rc != 0. */
 void kvi_routes_complete(struct kvi_ctl_req *c, int rc, int status, const struct kvi_api_err *e,
                          const struct kvi_buf *b);
+/**
+ * Largest answer written straight into the request's pool (kvi_http_alloc)
+ * and sent without a copy; larger ones go through the thread's buffer.
+ */
+#define KVI_ROUTES_POOL_BODY_MAX (16u * 1024u)
+
+/**
+ * Memory for an answer of at most @p max bytes: the request's pool when
+ * @p max <= KVI_ROUTES_POOL_BODY_MAX, else t->out (reset and grown).
+ * @return the memory, or NULL when t->out cannot grow.
+ */
+char *kvi_routes_body(struct kvi_route_thread *t, struct kvi_http_res *res, size_t max);
+/** Answer with @p len bytes at @p body from kvi_routes_body (copied only when it is t->out). */
+void kvi_routes_send_body(struct kvi_route_thread *t, struct kvi_http_res *res, int status, const char *ctype,
+                          const char *body, size_t len);
 /** Make room for @p n hashes / results / rows in the thread's arrays. */
 void kvi_routes_reserve(struct kvi_route_thread *t, size_t hashes, size_t tm, size_t rows);
 /**

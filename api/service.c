@@ -143,13 +143,6 @@ static struct kvi_str zstr(const char *s)
     return (struct kvi_str){s, strlen(s)};
 }
 
-static bool str_is(struct kvi_str s, const char *z)
-{
-    if (s.len == 0)
-        return z[0] == '\0'; /* s.p may be NULL: no memcmp */
-    return kvi_str_eq(s, z);
-}
-
 const char *kvi_recovery_result_name(enum kvi_recovery_result r)
 {
     switch (r) {
@@ -749,7 +742,7 @@ static int dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str mod
                         struct kvi_api_err *err)
 {
     struct svc_worker *w = worker_find(svc, id);
-    if (w != NULL && (!str_is(model, w->ns->model) || !str_is(tenant, w->ns->tenant)))
+    if (w != NULL && (!kvi_str_eq(model, w->ns->model) || !kvi_str_eq(tenant, w->ns->tenant)))
         return kvi_dyn_err_instance_elsewhere(err, id, zstr(w->ns->model), zstr(w->ns->tenant));
     char *m = sdup(model), *t = sdup(tenant);
     int rc = 0;
@@ -856,7 +849,7 @@ int kvi_service_ctl_dyn_unregister(struct kvi_service *svc, const struct kvi_dyn
     struct svc_worker *w = worker_find(svc, r->instance_id);
     if (w == NULL)
         return kvi_dyn_err_instance_not_found(err, r->instance_id);
-    if (!str_is(r->model_name, w->ns->model) || (r->has_tenant && !str_is(r->tenant_id, w->ns->tenant)))
+    if (!kvi_str_eq(r->model_name, w->ns->model) || (r->has_tenant && !kvi_str_eq(r->tenant_id, w->ns->tenant)))
         return kvi_dyn_err_instance_other_ns(err, r->instance_id, zstr(w->ns->model), zstr(w->ns->tenant));
     if (r->has_tenant && r->has_dp_rank) {
         if (rank_find(w, r->dp_rank) == NULL)
@@ -918,9 +911,9 @@ int kvi_service_encode_workers(struct kvi_service *svc, const struct kvi_dyn_wor
     size_t n = 0;
     for (size_t i = 0; i < svc->n_w; i++) {
         struct svc_worker *w = &svc->w[i];
-        if (f != NULL && f->has_model && !str_is(f->model_name, w->ns->model))
+        if (f != NULL && f->has_model && !kvi_str_eq(f->model_name, w->ns->model))
             continue;
-        if (f != NULL && f->has_tenant && !str_is(f->tenant_id, w->ns->tenant))
+        if (f != NULL && f->has_tenant && !kvi_str_eq(f->tenant_id, w->ns->tenant))
             continue;
         struct kvi_listener_view *lv = kvi_scratch_alloc(&s, (w->n_ranks + 1) * sizeof *lv);
         if (lv == NULL)
@@ -954,7 +947,7 @@ static struct svc_cond *cond_find_key(struct kvi_service *svc, struct kvi_str in
 {
     for (size_t i = 0; i < svc->n_c; i++) {
         struct svc_cond *c = &svc->c[i];
-        if (c->dp_rank == rank && str_is(inst, c->instance) && str_is(tenant, c->tenant))
+        if (c->dp_rank == rank && kvi_str_eq(inst, c->instance) && kvi_str_eq(tenant, c->tenant))
             return c;
     }
     return NULL;
@@ -962,7 +955,7 @@ static struct svc_cond *cond_find_key(struct kvi_service *svc, struct kvi_str in
 
 static bool opt_eq(const char *a, struct kvi_str b)
 {
-    return str_is(b, a ? a : "");
+    return kvi_str_eq(b, a ? a : "");
 }
 
 static const struct kvi_str *profile_field(const struct kvi_hash_profile *p, int i)
@@ -989,16 +982,17 @@ static bool profile_eq(const struct svc_cond *c, const struct kvi_cond_register 
 /* Same registration as r (re-registering it is a no-op). */
 static bool cond_same(const struct svc_cond *c, const struct kvi_cond_register *r)
 {
-    return c->type == r->type && c->block_size == r->block_size && str_is(r->model_name, c->model) &&
-           str_is(r->lora_name, c->lora) && str_is(r->endpoint, c->endpoint) &&
-           str_is(r->replay_endpoint, c->replay) && str_is(r->additional_salt, c->salt) &&
+    return c->type == r->type && c->block_size == r->block_size && kvi_str_eq(r->model_name, c->model) &&
+           kvi_str_eq(r->lora_name, c->lora) && kvi_str_eq(r->endpoint, c->endpoint) &&
+           kvi_str_eq(r->replay_endpoint, c->replay) && kvi_str_eq(r->additional_salt, c->salt) &&
            c->has_cache_group == r->has_cache_group && profile_eq(c, r);
 }
 
 static bool same_context(const struct svc_cond *c, struct kvi_str model, struct kvi_str tenant, struct kvi_str lora,
                          uint32_t bs)
 {
-    return c->block_size == bs && str_is(model, c->model) && str_is(tenant, c->tenant) && str_is(lora, c->lora);
+    return c->block_size == bs && kvi_str_eq(model, c->model) && kvi_str_eq(tenant, c->tenant) &&
+           kvi_str_eq(lora, c->lora);
 }
 
 static void cond_view_free(struct cond_view *v)
@@ -1090,8 +1084,8 @@ const struct kvi_svc_cond_ctx *kvi_service_cond_find(const struct kvi_service *s
         return NULL;
     for (size_t i = 0; i < v->n; i++) {
         const struct kvi_svc_cond_ctx *x = &v->ctx[i];
-        if (x->block_size == block_size && str_is(model, x->model) && str_is(tenant, x->tenant) &&
-            str_is(lora, x->lora))
+        if (x->block_size == block_size && kvi_str_eq(model, x->model) && kvi_str_eq(tenant, x->tenant) &&
+            kvi_str_eq(lora, x->lora))
             return x;
     }
     return NULL;
@@ -1125,7 +1119,7 @@ int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond
     }
     for (size_t i = 0; i < svc->n_c; i++) {
         const struct svc_cond *c = &svc->c[i];
-        if (str_is(r->endpoint, c->endpoint))
+        if (kvi_str_eq(r->endpoint, c->endpoint))
             return kvi_cond_err_endpoint_taken(err, r->endpoint);
         if (r->has_hash_profile && c->has_profile &&
             same_context(c, r->model_name, r->tenant_id, r->lora_name, r->block_size) && !profile_eq(c, r))

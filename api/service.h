@@ -124,9 +124,10 @@ void kvi_service_begin_stop(struct kvi_service *svc);
  * Stop the control thread after it has run every posted function (each sees
  * kvi_service_stopping() true) and destroyed its producer. Main thread.
  * @param wait_ms  how long to wait for it (0 = as long as it takes)
- * @return 0, or -ETIMEDOUT when it is still busy (a peer fetch blocked in
- *         connect or waiting for an answer: the client has no cancel hook):
- *         the caller must then not destroy the service (exit the process).
+ * @return 0, or -ETIMEDOUT when it is still busy after @p wait_ms (a posted
+ *         function that did not return; a peer fetch of recovery stops within
+ *         ~50 ms of kvi_service_begin_stop): the caller must then not destroy
+ *         the service (exit the process).
  */
 int kvi_service_stop(struct kvi_service *svc, uint32_t wait_ms);
 

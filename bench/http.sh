@@ -13,27 +13,34 @@
 #   3. runs h2load (16 connections) against
 #        /query_by_hash with 128 hashes   JSON and msgpack, HTTP/2 (h2c) and HTTP/1.1
 #        /query with 4,096 tokens         JSON and msgpack, HTTP/2 (h2c) and HTTP/1.1
-#      checks every answer was 2xx, and prints req/s and latency percentiles
-#      computed from h2load's per-request log, then one JSON line per
-#      configuration:
-#        {"bench":"http","route":"/query_by_hash","proto":"h2","body":"msgpack","req_per_s":x,"p50_ms":x,"p99_ms":x}
+#      checks every answer was 2xx, and prints per configuration one line
+#      with req/s, latency percentiles (from h2load's per-request log) and
+#      kvidxd's CPU time per request (from /proc/<pid>/stat), then, as the
+#      configuration's last line, one JSON line:
+#        {"bench":"http","proto":"h2","body":"msgpack","req_per_s":x,"p99_ms":x}
+#      ("bench":"http" for /query_by_hash, the issue's target route;
+#      "bench":"http_query" for /query with 4,096 tokens, same keys).
 #
 # Knobs (environment): KVIDXD (binary), N (requests per configuration,
 # default 200000), C (connections, 16), M (concurrent streams per HTTP/2
-# connection, 32; HTTP/1.1 runs one request at a time per connection),
-# HTTP_THREADS (kvidxd loop threads, 2), WRITERS (writer threads, 2),
+# connection, 8: 128 requests in flight keep the p99 under a millisecond at
+# full speed; 32 only adds queueing; HTTP/1.1 runs one request at a time per
+# connection), HTTP_THREADS (kvidxd loop threads, 1: h2load, single-threaded,
+# takes the other core; 2 puts three busy threads on two cores and loses
+# ~20 % to switching), WRITERS (writer threads, 2),
 # WORKERS (16), SEQS (256), DEPTH (256 blocks = 4,096 tokens), PREFIX (32),
 # ONLY (a substring: run only the matching configurations, e.g. "h2 msgpack").
 # kvidxd and h2load share the machine: on 2 cores the client takes about
-# half of the CPU.
+# half of the CPU. The server's CPU per request (user + system, all threads)
+# says what dedicated cores would sustain: req/s <= cores / (CPU s per request).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 KVIDXD=${KVIDXD:-build/release/api/kvidxd}
 N=${N:-200000}
 C=${C:-16}
-M=${M:-32}
-HTTP_THREADS=${HTTP_THREADS:-2}
+M=${M:-8}
+HTTP_THREADS=${HTTP_THREADS:-1}
 WRITERS=${WRITERS:-2}
 WORKERS=${WORKERS:-16}
 SEQS=${SEQS:-256}
@@ -137,8 +144,10 @@ run() { # route proto body file ctype
   local args=(-n "$N" -c "$C" -d "$file" -H "content-type: $ctype" --log-file "$tmp/h2load.log")
   if [ "$proto" = h1 ]; then args+=(--h1 -m 1); else args+=(-m "$M"); fi
   rm -f "$tmp/h2load.log"
-  local out
+  local out t0 t1
+  t0=$(cpu_ticks)
   out=$(h2load "${args[@]}" "$base$route" 2>&1)
+  t1=$(cpu_ticks)
   local rps ok
   rps=$(sed -n 's/^finished in [^,]*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
   ok=$(sed -n 's/^status codes: \([0-9]*\) 2xx.*/\1/p' <<<"$out")
@@ -149,12 +158,20 @@ run() { # route proto body file ctype
   fi
   read -r p50 p90 p99 p999 < <(cut -f3 "$tmp/h2load.log" | sort -n | awk '
     { v[NR] = $1 } END { n = NR; printf "%.3f %.3f %.3f %.3f\n", v[int(n*0.50)]/1000, v[int(n*0.90)]/1000, v[int(n*0.99)]/1000, v[int(n*0.999)]/1000 }')
-  printf '%-15s %-3s %-8s %10s req/s   p50 %6s ms  p90 %6s ms  p99 %6s ms  p99.9 %6s ms\n' \
-    "$route" "$proto" "$body" "$rps" "$p50" "$p90" "$p99" "$p999"
-  json_lines+=("{\"bench\":\"http\",\"route\":\"$route\",\"proto\":\"$proto\",\"body\":\"$body\",\"req_per_s\":$rps,\"p50_ms\":$p50,\"p99_ms\":$p99}")
+  local cpu_us
+  cpu_us=$(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$N" 'BEGIN { printf "%.2f", t / hz * 1e6 / n }')
+  printf '%-15s %-3s %-8s %10s req/s   p50 %6s ms  p90 %6s ms  p99 %6s ms  p99.9 %6s ms   kvidxd CPU %s us/req\n' \
+    "$route" "$proto" "$body" "$rps" "$p50" "$p90" "$p99" "$p999" "$cpu_us"
+  local bench=http
+  [ "$route" = /query ] && bench=http_query
+  printf '{"bench":"%s","proto":"%s","body":"%s","req_per_s":%s,"p99_ms":%s}\n' "$bench" "$proto" "$body" "$rps" "$p99"
 }
 
-json_lines=()
+CLK_TCK=$(getconf CLK_TCK)
+cpu_ticks() { # kvidxd's user + system time so far, in clock ticks
+  awk '{ print $14 + $15 }' "/proc/$kvidxd_pid/stat"
+}
+
 echo "h2load -n $N -c $C (HTTP/2: -m $M; HTTP/1.1: -m 1)"
 run /query_by_hash h2 json "$tmp/qh.json" application/json
 run /query_by_hash h2 msgpack "$tmp/qh.msgpack" application/msgpack
@@ -170,4 +187,3 @@ curl -fs "$base/metrics" | awk '
   /^kvidx_query_duration_seconds_count/ { split($0, a, " "); k = a[1]; sub("_count", "_sum", k); cnt[k] = a[2] }
   END { for (k in sum) if (cnt[k] > 0) { l = k; sub(/^[^{]*/, "", l);
         printf "handler time %s: %.2f us mean over %d requests\n", l, sum[k] / cnt[k] * 1e6, cnt[k] } }'
-printf '%s\n' "${json_lines[@]}"

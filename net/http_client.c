@@ -2,10 +2,15 @@
  * kvidx HTTP client on libcurl's easy interface (see net/http_client.h).
  *
  * One easy handle per client, reused across requests so connections stay
- * alive (except with h2c prior knowledge, see the header). The write
- * callback looks at the status once per answer: 2xx bodies stream to the
- * caller, other bodies are kept (cut) as the error text. curl_global_init
- * runs once, under pthread_once, before the first handle exists.
+ * alive (except with h2c prior knowledge, see the header). It runs through a
+ * multi handle of the client's own, polled at most
+ * KVI_HTTP_CLIENT_CANCEL_POLL_MS at a time, so the cancel hook is asked
+ * while curl waits for a connection or an answer (curl_easy_perform would
+ * block until a timeout, and its progress callback runs only about once a
+ * second while nothing arrives). The write callback looks at the status once
+ * per answer: 2xx bodies stream to the caller, other bodies are kept (cut) as
+ * the error text. curl_global_init runs once, under pthread_once, before the
+ * first handle exists.
  */
 #include "net/http_client.h"
 
@@ -21,6 +26,7 @@
 
 struct kvi_http_client {
     CURL *curl;
+    CURLM *multi;
     struct kvi_http_client_options opt;
     char *token_header;
     char errbuf[CURL_ERROR_SIZE];
@@ -80,7 +86,8 @@ struct kvi_http_client *kvi_http_client_create(const struct kvi_http_client_opti
             snprintf(c->token_header, n, "Authorization: Bearer %s", o->bearer_token);
     }
     c->curl = curl_easy_init();
-    if (c->curl == NULL || (o->ca_file != NULL && c->opt.ca_file == NULL) ||
+    c->multi = curl_multi_init();
+    if (c->curl == NULL || c->multi == NULL || (o->ca_file != NULL && c->opt.ca_file == NULL) ||
         (o->bearer_token != NULL && o->bearer_token[0] != '\0' && c->token_header == NULL)) {
         kvi_http_client_free(c);
         errno = ENOMEM;
@@ -95,6 +102,8 @@ void kvi_http_client_free(struct kvi_http_client *c)
         return;
     if (c->curl != NULL)
         curl_easy_cleanup(c->curl);
+    if (c->multi != NULL)
+        curl_multi_cleanup(c->multi); /* closes the connections it kept */
     free((char *)c->opt.ca_file);
     free(c->token_header);
     free(c);
@@ -156,6 +165,60 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg)
 }
 
 /* ---- requests ---- */
+
+static bool cancelled_by_caller(const struct kvi_http_client *c)
+{
+    return c->opt.cancel != NULL && c->opt.cancel(c->opt.cancel_ud);
+}
+
+/*
+ * Run the prepared easy handle to completion through the client's multi
+ * handle, asking the cancel hook between polls.
+ * @return curl's result, or CURLE_ABORTED_BY_CALLBACK with *stopped set
+ *         when the hook cancelled the request.
+ */
+static CURLcode perform(struct kvi_http_client *c, bool *stopped)
+{
+    CURL *h = c->curl;
+    CURLM *m = c->multi;
+    *stopped = false;
+    if (cancelled_by_caller(c)) {
+        *stopped = true;
+        return CURLE_ABORTED_BY_CALLBACK;
+    }
+    CURLMcode mc = curl_multi_add_handle(m, h);
+    if (mc != CURLM_OK)
+        return mc == CURLM_OUT_OF_MEMORY ? CURLE_OUT_OF_MEMORY : CURLE_FAILED_INIT;
+    CURLcode rc = CURLE_FAILED_INIT;
+    for (;;) {
+        int running = 0;
+        mc = curl_multi_perform(m, &running);
+        if (mc != CURLM_OK) {
+            rc = mc == CURLM_OUT_OF_MEMORY ? CURLE_OUT_OF_MEMORY : CURLE_FAILED_INIT;
+            break;
+        }
+        if (running == 0) {
+            CURLMsg *msg;
+            int left;
+            while ((msg = curl_multi_info_read(m, &left)) != NULL)
+                if (msg->msg == CURLMSG_DONE && msg->easy_handle == h)
+                    rc = msg->data.result;
+            break;
+        }
+        if (cancelled_by_caller(c)) {
+            *stopped = true;
+            rc = CURLE_ABORTED_BY_CALLBACK;
+            break;
+        }
+        mc = curl_multi_poll(m, NULL, 0, KVI_HTTP_CLIENT_CANCEL_POLL_MS, NULL);
+        if (mc != CURLM_OK) {
+            rc = mc == CURLM_OUT_OF_MEMORY ? CURLE_OUT_OF_MEMORY : CURLE_FAILED_INIT;
+            break;
+        }
+    }
+    curl_multi_remove_handle(m, h); /* an unfinished transfer is dropped with its connection */
+    return rc;
+}
 
 static int map_error(CURLcode rc)
 {
@@ -249,7 +312,8 @@ static int run(struct kvi_http_client *c, const char *url, const char *ctype, co
     if (hdrs != NULL)
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
 
-    CURLcode rc = curl_easy_perform(h);
+    bool stopped;
+    CURLcode rc = perform(c, &stopped);
     curl_slist_free_all(hdrs);
 
     long st = 0, hv = 0;
@@ -264,6 +328,11 @@ static int run(struct kvi_http_client *c, const char *url, const char *ctype, co
         res->http_version = 0;
     if (x.cancelled) {
         snprintf(res->error, sizeof res->error, "cancelled by the body callback after %llu bytes",
+                 (unsigned long long)res->body_bytes);
+        return -ECANCELED;
+    }
+    if (stopped) {
+        snprintf(res->error, sizeof res->error, "cancelled by the caller after %llu body bytes",
                  (unsigned long long)res->body_bytes);
         return -ECANCELED;
     }

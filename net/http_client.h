@@ -13,9 +13,15 @@
  * (c-stack.md §2.2), so in that mode every request opens a new connection;
  * the other modes keep connections alive between requests.
  *
- * Threads: a client is one libcurl easy handle; use it from one thread at a
- * time (one client per thread). Creating the first client initialises
- * libcurl process-wide (once, thread-safe).
+ * Threads: a client is one libcurl easy handle (driven through a multi
+ * handle of its own); use it from one thread at a time (one client per
+ * thread). Creating the first client initialises libcurl process-wide (once,
+ * thread-safe).
+ *
+ * Cancellation: with options.cancel set, a request that is connecting,
+ * waiting for the answer or receiving the body stops within about
+ * KVI_HTTP_CLIENT_CANCEL_POLL_MS of the hook answering true, and returns
+ * -ECANCELED (a shutdown need not wait for a peer that never answers).
  */
 #ifndef KVI_NET_HTTP_CLIENT_H
 #define KVI_NET_HTTP_CLIENT_H
@@ -33,6 +39,9 @@ enum kvi_http_client_proto {
     KVI_HTTP_CLIENT_H2C_PRIOR,   /* http://: HTTP/2 at once (prior knowledge); https://: ALPN h2 */
 };
 
+/** How often a running request asks options.cancel (and at most how late it notices). */
+#define KVI_HTTP_CLIENT_CANCEL_POLL_MS 50
+
 /** Client options; fill with kvi_http_client_options_init, then override. */
 struct kvi_http_client_options {
     unsigned connect_timeout_ms; /* TCP + TLS connect; default 2 000 */
@@ -41,6 +50,13 @@ struct kvi_http_client_options {
     const char *bearer_token;    /* sent as `Authorization: Bearer ...` when set; copied */
     const char *ca_file;         /* PEM trust anchors for https; NULL = system store; copied */
     bool insecure;               /* https without certificate checks (tests only) */
+    /* Cancellation hook, optional (default NULL): called with cancel_ud on
+     * the requesting thread at least every KVI_HTTP_CLIENT_CANCEL_POLL_MS
+     * while a request runs; true stops the request (-ECANCELED). It must be
+     * cheap and must not block, e.g. a relaxed load of an atomic flag that
+     * another thread sets. */
+    bool (*cancel)(void *cancel_ud);
+    void *cancel_ud;
 };
 
 /** Fill @p o with the defaults above. */
@@ -82,7 +98,7 @@ struct kvi_http_result {
  *         -ETIMEDOUT     connect or total timeout (res->error says which)
  *         -ECONNREFUSED  nobody listens there
  *         -EHOSTUNREACH  the host does not resolve or cannot be reached
- *         -ECANCELED     @p fn asked to stop
+ *         -ECANCELED     @p fn asked to stop, or options.cancel did
  *         -EPROTO        malformed answer, HTTP/2 or TLS failure
  *         -EIO           any other transport failure (connection reset, ...)
  *         -EINVAL        bad URL or unsupported scheme

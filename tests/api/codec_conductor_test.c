@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <msgpack.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -461,8 +462,8 @@ static void test_query_responses(void **state)
     kvi_buf_init(&b);
     /* §2.4's implemented example (block size 128), rows out of order */
     struct kvi_score_row rows[] = {
-        {0, "vllm-prefill-node1", 1, 2, 2, 3, 0},
-        {0, "vllm-prefill-node1", 0, 1, 2, 3, 0},
+        {0, "vllm-prefill-node1", 1, 2, 2, 3, 0, 0},
+        {0, "vllm-prefill-node1", 0, 1, 2, 3, 0, 0},
     };
     struct kvi_str tenant = {"default", 7};
     assert_int_equal(kvi_cond_encode_query(rows, 2, 128, tenant, KVI_COND_SHAPE_IMPL, KVI_ENC_JSON, &b), 0);
@@ -477,8 +478,8 @@ static void test_query_responses(void **state)
 
     /* every registered instance and rank appears, zeros included; names sorted */
     struct kvi_score_row r2[] = {
-        {0, "b", 0, 0, 0, 0, 0},
-        {0, "a", 0, 1, 1, 1, 0},
+        {0, "b", 0, 0, 0, 0, 0, 0},
+        {0, "a", 0, 1, 1, 1, 0, 0},
     };
     kvi_buf_reset(&b);
     assert_int_equal(kvi_cond_encode_query(r2, 2, 16, tenant, KVI_COND_SHAPE_IMPL, KVI_ENC_JSON, &b), 0);
@@ -581,6 +582,220 @@ static void assert_mp_whole(const struct kvi_buf *b, uint32_t n)
 
 /* Every encoder's msgpack output is one well-formed object (entry counts
  * announced up front match what follows). */
+/* ---- the query encoder against a reference on the generic writer ----------------------------- */
+
+/* The encoder as it was written on kvi_wr_* (before the direct writer). */
+
+static bool ref_same(const struct kvi_score_row *a, const struct kvi_score_row *b)
+{
+    if (a->name != NULL || b->name != NULL)
+        return a->name != NULL && b->name != NULL && strcmp(a->name, b->name) == 0;
+    return a->instance_id == b->instance_id;
+}
+
+static int ref_cmp(const struct kvi_score_row *x, const struct kvi_score_row *y)
+{
+    if (x->name != NULL || y->name != NULL) {
+        if (x->name == NULL)
+            return -1;
+        if (y->name == NULL)
+            return 1;
+        int c = strcmp(x->name, y->name);
+        if (c != 0)
+            return c;
+    } else if (x->instance_id != y->instance_id) {
+        return x->instance_id < y->instance_id ? -1 : 1;
+    }
+    return x->dp_rank < y->dp_rank ? -1 : x->dp_rank > y->dp_rank;
+}
+
+static void ref_sort(struct kvi_score_row *rows, size_t n) /* stable */
+{
+    for (size_t i = 1; i < n; i++) {
+        struct kvi_score_row x = rows[i];
+        size_t j = i;
+        for (; j > 0 && ref_cmp(&rows[j - 1], &x) > 0; j--)
+            rows[j] = rows[j - 1];
+        rows[j] = x;
+    }
+}
+
+static uint64_t max64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+static void ref_instance(struct kvi_wr *w, const struct kvi_score_row *rows, size_t i, size_t j, uint32_t bs,
+                         bool docs)
+{
+    uint64_t g = 0, c = 0, d = 0;
+    for (size_t k = i; k < j; k++) {
+        g = max64(g, rows[k].gpu);
+        c = max64(c, rows[k].cpu);
+        d = max64(d, rows[k].disk);
+    }
+    uint64_t lm = max64(g, max64(c, d));
+    uint32_t nr = (uint32_t)(j - i);
+    if (rows[i].name != NULL)
+        kvi_wr_keyz(w, rows[i].name);
+    else
+        kvi_wr_key_u64(w, rows[i].instance_id);
+    kvi_wr_obj(w, 6);
+    kvi_wr_keyz(w, "longest_matched");
+    kvi_wr_u64(w, lm * bs);
+    if (docs) {
+        kvi_wr_keyz(w, "GPU");
+        kvi_wr_u64(w, g * bs);
+    }
+    kvi_wr_keyz(w, docs ? "DP" : "dp");
+    kvi_wr_obj(w, nr);
+    for (size_t k = i; k < j; k++) {
+        kvi_wr_key_u64(w, rows[k].dp_rank);
+        kvi_wr_u64(w, (uint64_t)rows[k].gpu * bs);
+    }
+    kvi_wr_end(w);
+    if (docs) {
+        kvi_wr_keyz(w, "CPU");
+        kvi_wr_u64(w, c * bs);
+        kvi_wr_keyz(w, "DISK");
+        kvi_wr_u64(w, d * bs);
+    }
+    kvi_wr_keyz(w, "rank_matches");
+    kvi_wr_obj(w, nr);
+    for (size_t k = i; k < j; k++) {
+        kvi_wr_key_u64(w, rows[k].dp_rank);
+        kvi_wr_obj(w, 3);
+        kvi_wr_keyz(w, "gpu");
+        kvi_wr_u64(w, (uint64_t)rows[k].gpu * bs);
+        kvi_wr_keyz(w, "cpu");
+        kvi_wr_u64(w, (uint64_t)rows[k].cpu * bs);
+        kvi_wr_keyz(w, "disk");
+        kvi_wr_u64(w, (uint64_t)rows[k].disk * bs);
+        kvi_wr_end(w);
+    }
+    kvi_wr_end(w);
+    if (!docs) {
+        kvi_wr_keyz(w, "gpu");
+        kvi_wr_u64(w, g * bs);
+        kvi_wr_keyz(w, "cpu");
+        kvi_wr_u64(w, c * bs);
+        kvi_wr_keyz(w, "disk");
+        kvi_wr_u64(w, d * bs);
+    }
+    kvi_wr_end(w);
+}
+
+static void ref_query(struct kvi_score_row *rows, size_t n, uint32_t bs, struct kvi_str tenant,
+                      enum kvi_cond_shape shape, enum kvi_body_enc enc, struct kvi_buf *out)
+{
+    if (shape == KVI_COND_SHAPE_AUTO)
+        shape = enc == KVI_ENC_MSGPACK ? KVI_COND_SHAPE_IMPL : KVI_COND_SHAPE_DOCS;
+    bool docs = shape == KVI_COND_SHAPE_DOCS;
+    ref_sort(rows, n);
+    uint32_t n_inst = 0;
+    for (size_t i = 0; i < n; i++)
+        n_inst += i == 0 || !ref_same(&rows[i - 1], &rows[i]);
+    struct kvi_wr w;
+    kvi_wr_init(&w, out, enc);
+    kvi_wr_obj(&w, 1);
+    if (docs)
+        kvi_wr_key(&w, tenant.p, tenant.len);
+    else
+        kvi_wr_keyz(&w, "instances");
+    kvi_wr_obj(&w, n_inst);
+    for (size_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && ref_same(&rows[i], &rows[j]); j++)
+            ;
+        ref_instance(&w, rows, i, j, bs, docs);
+    }
+    kvi_wr_end(&w);
+    kvi_wr_end(&w);
+    if (enc == KVI_ENC_JSON)
+        kvi_buf_putc(out, '\n');
+}
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static uint32_t rnd_value(void)
+{
+    switch (rnd() % 5) {
+    case 0: return 0;
+    case 1: return UINT32_MAX;
+    case 2: return (uint32_t)(rnd() % 200);
+    case 3: return (uint32_t)(rnd() % 100000);
+    default: return (uint32_t)rnd();
+    }
+}
+
+static void test_query_matches_reference(void **state)
+{
+    enum { MAX_ROWS = 60 };
+    static const char *names[] = {"vllm-prefill-node1", "b", "quote\"bs\\", "ctl\x01\t\n", "\xe2\x82\xac",
+                                  "a-name-longer-than-thirty-one-bytes-for-str8", "x"};
+    static const struct kvi_str tenants[] = {{"default", 7}, {"t\"en\\ant\x02", 10}, {"", 0}, {NULL, 0},
+                                             {"a-tenant-longer-than-thirty-one-bytes", 37}};
+    struct kvi_score_row rows[MAX_ROWS], a[MAX_ROWS], b[MAX_ROWS];
+    struct kvi_buf want, got;
+    kvi_buf_init(&want);
+    kvi_buf_init(&got);
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t n = (size_t)(rnd() % (iter % 10 == 0 ? MAX_ROWS : 12)), k = 0;
+        for (size_t t = 0; k < n && t < 4 * MAX_ROWS; t++) {
+            struct kvi_score_row r = {0};
+            if (rnd() % 8 == 0)
+                r.instance_id = rnd() % 3 == 0 ? rnd() : rnd() % 20; /* nameless rows sort first */
+            else
+                r.name = names[rnd() % (sizeof names / sizeof names[0])];
+            r.dp_rank = rnd() % 6 == 0 ? (uint32_t)rnd() : (uint32_t)(rnd() % 18);
+            r.gpu = rnd_value();
+            r.cpu = rnd_value();
+            r.disk = rnd_value();
+            bool dup = false;
+            for (size_t i = 0; i < k && !dup; i++)
+                dup = ref_same(&rows[i], &r) && rows[i].dp_rank == r.dp_rank;
+            if (!dup)
+                rows[k++] = r;
+        }
+        n = k;
+        uint32_t bs = rnd() % 4 == 0 ? UINT32_MAX : (uint32_t)(1 + rnd() % 128);
+        struct kvi_str tenant = tenants[rnd() % (sizeof tenants / sizeof tenants[0])];
+        for (int sh = KVI_COND_SHAPE_AUTO; sh <= KVI_COND_SHAPE_IMPL; sh++) {
+            for (int enc = 0; enc < 2; enc++) {
+                memcpy(a, rows, sizeof rows);
+                memcpy(b, rows, sizeof rows);
+                kvi_buf_reset(&want);
+                kvi_buf_reset(&got);
+                ref_query(a, n, bs, tenant, (enum kvi_cond_shape)sh, (enum kvi_body_enc)enc, &want);
+                assert_true(kvi_buf_ok(&want));
+                assert_int_equal(kvi_cond_encode_query(b, n, bs, tenant, (enum kvi_cond_shape)sh,
+                                                       (enum kvi_body_enc)enc, &got), 0);
+                if (got.len != want.len || memcmp(got.data, want.data, got.len) != 0)
+                    fail_msg("iter %d shape %d enc %d n %zu:\ngot  '%.*s'\nwant '%.*s'", iter, sh, enc, n,
+                             (int)got.len, got.data, (int)want.len, want.data);
+                size_t max = kvi_cond_query_max_len(rows, n, tenant);
+                assert_true(got.len <= max);
+                char *dst = malloc(max);
+                memcpy(b, rows, sizeof rows);
+                size_t len = kvi_cond_encode_query_to(b, n, bs, tenant, (enum kvi_cond_shape)sh,
+                                                      (enum kvi_body_enc)enc, dst);
+                assert_int_equal(len, want.len);
+                assert_memory_equal(dst, want.data, len);
+                free(dst);
+            }
+        }
+    }
+    kvi_buf_free(&want);
+    kvi_buf_free(&got);
+}
+
 static void test_msgpack_encoders(void **state)
 {
     struct kvi_buf b;
@@ -605,7 +820,7 @@ static void test_msgpack_encoders(void **state)
     for (int i = 0; i < 40; i++)
         rows[i] = (struct kvi_score_row){(uint64_t)(i % 7) * 0x9000000000000000ull, NULL,
                                          (uint32_t)(i / 7), (uint32_t)(i % 3), (uint32_t)(i % 3) + 1,
-                                         (uint32_t)(i % 3) + 2, (uint32_t)i};
+                                         (uint32_t)(i % 3) + 2, (uint32_t)i, 0};
     for (int f = 0; f < 2; f++) {
         kvi_buf_reset(&b);
         assert_int_equal(kvi_dyn_encode_scores(rows, 40, 16, f ? KVI_SCORE_FLAT : KVI_SCORE_FULL, KVI_ENC_MSGPACK, &b), 0);
@@ -614,7 +829,7 @@ static void test_msgpack_encoders(void **state)
     static const char *names[] = {"x", "y", "z"};
     struct kvi_score_row crow[20];
     for (int i = 0; i < 20; i++)
-        crow[i] = (struct kvi_score_row){0, names[i % 3], (uint32_t)i, 1, 2, 3, 0};
+        crow[i] = (struct kvi_score_row){0, names[i % 3], (uint32_t)i, 1, 2, 3, 0, 0};
     for (int sh = KVI_COND_SHAPE_DOCS; sh <= KVI_COND_SHAPE_IMPL; sh++) {
         kvi_buf_reset(&b);
         assert_int_equal(kvi_cond_encode_query(crow, 20, 8, (struct kvi_str){"t", 1}, (enum kvi_cond_shape)sh,
@@ -635,6 +850,7 @@ int main(void)
         cmocka_unit_test(test_handler_errors),
         cmocka_unit_test(test_register_responses),
         cmocka_unit_test(test_query_responses),
+        cmocka_unit_test(test_query_matches_reference),
         cmocka_unit_test(test_views),
         cmocka_unit_test(test_msgpack_encoders),
     };

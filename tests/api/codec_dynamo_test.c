@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <msgpack.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -505,8 +506,8 @@ static void test_scores(void **state)
     kvi_buf_init(&b);
     /* §1.10 worked example (block size 4), rows out of order */
     struct kvi_score_row rows[] = {
-        {8, NULL, 0, 2, 2, 2, 2},
-        {7, NULL, 0, 2, 3, 3, 2},
+        {8, NULL, 0, 2, 2, 2, 2, 0},
+        {7, NULL, 0, 2, 3, 3, 2, 0},
     };
     assert_int_equal(kvi_dyn_encode_scores(rows, 2, 4, KVI_SCORE_FULL, KVI_ENC_JSON, &b), 0);
     assert_out(&b, "{\"scores\":{\"7\":{\"0\":8},\"8\":{\"0\":8}},\"frequencies\":[],"
@@ -529,10 +530,10 @@ static void test_scores(void **state)
     /* a rank with only a lower-tier extension is left out of scores but is in
      * instances; ids >= 2^63; several ranks */
     struct kvi_score_row r2[] = {
-        {UINT64_MAX, NULL, 1, 0, 3, 5, 0},
-        {UINT64_MAX, NULL, 0, 1, 1, 1, 9},
-        {5, NULL, 2, 4, 4, 4, 4},
-        {5, NULL, 0, 2, 2, 2, 3},
+        {UINT64_MAX, NULL, 1, 0, 3, 5, 0, 0},
+        {UINT64_MAX, NULL, 0, 1, 1, 1, 9, 0},
+        {5, NULL, 2, 4, 4, 4, 4, 0},
+        {5, NULL, 0, 2, 2, 2, 3, 0},
     };
     kvi_buf_reset(&b);
     assert_int_equal(kvi_dyn_encode_scores(r2, 4, 16, KVI_SCORE_FULL, KVI_ENC_JSON, &b), 0);
@@ -572,6 +573,267 @@ static void test_scores(void **state)
     assert_int_equal(i7.via.map.ptr[0].val.via.u64, 12);
     msgpack_unpacked_destroy(&up);
     kvi_buf_free(&b);
+}
+
+/* ---- the score encoder against a reference on the generic writer -------------------------- */
+
+/* The encoder as it was written on kvi_wr_* (before the direct writer): the
+ * reference the direct writer must match byte for byte. */
+
+static bool ref_same(const struct kvi_score_row *a, const struct kvi_score_row *b)
+{
+    if (a->name != NULL || b->name != NULL)
+        return a->name != NULL && b->name != NULL && strcmp(a->name, b->name) == 0;
+    return a->instance_id == b->instance_id;
+}
+
+static int ref_cmp(const struct kvi_score_row *x, const struct kvi_score_row *y)
+{
+    if (x->name != NULL || y->name != NULL) {
+        if (x->name == NULL)
+            return -1;
+        if (y->name == NULL)
+            return 1;
+        int c = strcmp(x->name, y->name);
+        if (c != 0)
+            return c;
+    } else if (x->instance_id != y->instance_id) {
+        return x->instance_id < y->instance_id ? -1 : 1;
+    }
+    return x->dp_rank < y->dp_rank ? -1 : x->dp_rank > y->dp_rank;
+}
+
+static void ref_sort(struct kvi_score_row *rows, size_t n) /* stable */
+{
+    for (size_t i = 1; i < n; i++) {
+        struct kvi_score_row x = rows[i];
+        size_t j = i;
+        for (; j > 0 && ref_cmp(&rows[j - 1], &x) > 0; j--)
+            rows[j] = rows[j - 1];
+        rows[j] = x;
+    }
+}
+
+static void ref_key(struct kvi_wr *w, const struct kvi_score_row *r)
+{
+    if (r->name != NULL)
+        kvi_wr_keyz(w, r->name);
+    else
+        kvi_wr_key_u64(w, r->instance_id);
+}
+
+static bool ref_any(const struct kvi_score_row *r)
+{
+    return r->gpu > 0 || r->cpu > 0 || r->disk > 0;
+}
+
+static size_t ref_group(const struct kvi_score_row *rows, size_t n, size_t i, uint32_t *n_gpu, uint32_t *n_any)
+{
+    size_t j = i;
+    *n_gpu = *n_any = 0;
+    while (j < n && ref_same(&rows[i], &rows[j])) {
+        *n_gpu += rows[j].gpu > 0;
+        *n_any += ref_any(&rows[j]);
+        j++;
+    }
+    return j;
+}
+
+static void ref_rank_map(struct kvi_wr *w, const struct kvi_score_row *rows, size_t n, uint32_t bs, bool tree,
+                         uint32_t n_inst)
+{
+    kvi_wr_obj(w, n_inst);
+    uint32_t ng, na;
+    for (size_t i = 0, j; i < n; i = j) {
+        j = ref_group(rows, n, i, &ng, &na);
+        if (ng == 0)
+            continue;
+        ref_key(w, &rows[i]);
+        kvi_wr_obj(w, ng);
+        for (size_t k = i; k < j; k++) {
+            if (rows[k].gpu == 0)
+                continue;
+            kvi_wr_key_u64(w, rows[k].dp_rank);
+            kvi_wr_u64(w, tree ? rows[k].tree_size : (uint64_t)rows[k].gpu * bs);
+        }
+        kvi_wr_end(w);
+    }
+    kvi_wr_end(w);
+}
+
+static void ref_scores(struct kvi_score_row *rows, size_t n, uint32_t bs, enum kvi_score_form form,
+                       enum kvi_body_enc enc, struct kvi_buf *out)
+{
+    ref_sort(rows, n);
+    uint32_t inst_gpu = 0, inst_any = 0, ng, na;
+    for (size_t i = 0, j; i < n; i = j) {
+        j = ref_group(rows, n, i, &ng, &na);
+        inst_gpu += ng > 0;
+        inst_any += na > 0;
+    }
+    struct kvi_wr w;
+    kvi_wr_init(&w, out, enc);
+    kvi_wr_obj(&w, form == KVI_SCORE_FULL ? 4 : 3);
+    kvi_wr_keyz(&w, "scores");
+    ref_rank_map(&w, rows, n, bs, false, inst_gpu);
+    kvi_wr_keyz(&w, "frequencies");
+    kvi_wr_arr(&w, 0);
+    kvi_wr_end(&w);
+    kvi_wr_keyz(&w, "tree_sizes");
+    ref_rank_map(&w, rows, n, bs, true, inst_gpu);
+    if (form == KVI_SCORE_FULL) {
+        kvi_wr_keyz(&w, "instances");
+        kvi_wr_obj(&w, inst_any);
+        for (size_t i = 0, j; i < n; i = j) {
+            j = ref_group(rows, n, i, &ng, &na);
+            if (na == 0)
+                continue;
+            uint64_t g = 0, c = 0, d = 0;
+            for (size_t k = i; k < j; k++) {
+                g = rows[k].gpu > g ? rows[k].gpu : g;
+                c = rows[k].cpu > c ? rows[k].cpu : c;
+                d = rows[k].disk > d ? rows[k].disk : d;
+            }
+            uint64_t lm = g > c ? g : c;
+            lm = d > lm ? d : lm;
+            ref_key(&w, &rows[i]);
+            kvi_wr_obj(&w, 5);
+            kvi_wr_keyz(&w, "longest_matched");
+            kvi_wr_u64(&w, lm * bs);
+            kvi_wr_keyz(&w, "gpu");
+            kvi_wr_u64(&w, g * bs);
+            kvi_wr_keyz(&w, "dp");
+            kvi_wr_obj(&w, na);
+            for (size_t k = i; k < j; k++) {
+                if (!ref_any(&rows[k]))
+                    continue;
+                kvi_wr_key_u64(&w, rows[k].dp_rank);
+                kvi_wr_u64(&w, (uint64_t)rows[k].gpu * bs);
+            }
+            kvi_wr_end(&w);
+            kvi_wr_keyz(&w, "cpu");
+            kvi_wr_u64(&w, c * bs);
+            kvi_wr_keyz(&w, "disk");
+            kvi_wr_u64(&w, d * bs);
+            kvi_wr_end(&w);
+        }
+        kvi_wr_end(&w);
+    }
+    kvi_wr_end(&w);
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static uint32_t rnd_u32_value(void)
+{
+    switch (rnd() % 6) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return UINT32_MAX;
+    case 3: return (uint32_t)(rnd() % 300);
+    case 4: return (uint32_t)(rnd() % 70000);
+    default: return (uint32_t)rnd();
+    }
+}
+
+/* Random rows with unique (instance, rank): ids and names from small pools so
+ * instances have several ranks, values at the encodings' edges. */
+static size_t random_rows(struct kvi_score_row *rows, size_t max, bool named)
+{
+    static const char *names[] = {"a", "b", "node-1", "quote\"back\\slash", "tab\tnl\nctl\x01\x1f",
+                                  "\xc3\xbc-utf8", "a-name-longer-than-thirty-one-bytes-for-str8",
+                                  "zz"};
+    static const uint64_t ids[] = {0, 1, 7, 15, 16, 127, 128, 255, 256, 65535, 65536,
+                                   UINT32_MAX, (uint64_t)UINT32_MAX + 1, 1ull << 63, UINT64_MAX};
+    size_t n = (size_t)(rnd() % (max + 1));
+    size_t k = 0;
+    for (size_t tries = 0; k < n && tries < 4 * max; tries++) {
+        struct kvi_score_row r = {0};
+        if (named && rnd() % 2)
+            r.name = names[rnd() % (sizeof names / sizeof names[0])];
+        else
+            r.instance_id = rnd() % 4 == 0 ? rnd() : ids[rnd() % (sizeof ids / sizeof ids[0])];
+        r.dp_rank = rnd() % 8 == 0 ? (uint32_t)rnd() : (uint32_t)(rnd() % 20);
+        r.gpu = rnd_u32_value();
+        r.cpu = rnd_u32_value();
+        r.disk = rnd_u32_value();
+        r.tree_size = rnd_u32_value();
+        bool dup = false;
+        for (size_t i = 0; i < k && !dup; i++)
+            dup = ref_same(&rows[i], &r) && rows[i].dp_rank == r.dp_rank;
+        if (!dup)
+            rows[k++] = r;
+    }
+    return k;
+}
+
+static void test_scores_match_reference(void **state)
+{
+    enum { MAX_ROWS = 80 };
+    static const uint32_t block_sizes[] = {1, 16, 64, UINT32_MAX};
+    struct kvi_score_row rows[MAX_ROWS], a[MAX_ROWS], b[MAX_ROWS];
+    struct kvi_buf want, got;
+    kvi_buf_init(&want);
+    kvi_buf_init(&got);
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t n = random_rows(rows, iter % 10 == 0 ? MAX_ROWS : 20, iter % 3 == 0);
+        uint32_t bs = block_sizes[rnd() % 4];
+        for (int f = 0; f < 2; f++) {
+            for (int enc = 0; enc < 2; enc++) {
+                memcpy(a, rows, sizeof rows);
+                memcpy(b, rows, sizeof rows);
+                kvi_buf_reset(&want);
+                kvi_buf_reset(&got);
+                ref_scores(a, n, bs, (enum kvi_score_form)f, (enum kvi_body_enc)enc, &want);
+                assert_true(kvi_buf_ok(&want));
+                assert_int_equal(
+                    kvi_dyn_encode_scores(b, n, bs, (enum kvi_score_form)f, (enum kvi_body_enc)enc, &got), 0);
+                if (got.len != want.len || memcmp(got.data, want.data, got.len) != 0)
+                    fail_msg("iter %d form %d enc %d n %zu:\ngot  '%.*s'\nwant '%.*s'", iter, f, enc, n, (int)got.len,
+                             got.data, (int)want.len, want.data);
+                /* the bound holds, and the caller-memory variant writes the same bytes into exactly that much */
+                size_t max = kvi_dyn_scores_max_len(rows, n);
+                assert_true(got.len <= max);
+                char *dst = malloc(max);
+                memcpy(b, rows, sizeof rows);
+                size_t len = kvi_dyn_encode_scores_to(b, n, bs, (enum kvi_score_form)f, (enum kvi_body_enc)enc, dst);
+                assert_int_equal(len, want.len);
+                assert_memory_equal(dst, want.data, len);
+                free(dst);
+            }
+        }
+    }
+    /* many rows: the qsort path, several-hundred-entry maps (map16 headers) */
+    struct kvi_score_row *big = calloc(700, sizeof *big), *big2 = calloc(700, sizeof *big2);
+    for (size_t i = 0; i < 700; i++)
+        big[i] = (struct kvi_score_row){.instance_id = (i * 7919) % 350, .dp_rank = (uint32_t)(i % 2),
+                                        .gpu = (uint32_t)i, .cpu = (uint32_t)i + 1, .disk = (uint32_t)i + 2,
+                                        .tree_size = (uint32_t)i};
+    for (int enc = 0; enc < 2; enc++) {
+        memcpy(big2, big, 700 * sizeof *big);
+        kvi_buf_reset(&want);
+        ref_scores(big2, 700, 16, KVI_SCORE_FULL, (enum kvi_body_enc)enc, &want);
+        memcpy(big2, big, 700 * sizeof *big);
+        kvi_buf_reset(&got);
+        assert_int_equal(kvi_dyn_encode_scores(big2, 700, 16, KVI_SCORE_FULL, (enum kvi_body_enc)enc, &got), 0);
+        assert_int_equal(got.len, want.len);
+        assert_memory_equal(got.data, want.data, got.len);
+    }
+    free(big);
+    free(big2);
+    /* a buffer that already failed stays failed */
+    got.oom = true;
+    assert_int_equal(kvi_dyn_encode_scores(rows, 0, 16, KVI_SCORE_FULL, KVI_ENC_JSON, &got), -ENOMEM);
+    kvi_buf_free(&want);
+    kvi_buf_free(&got);
 }
 
 static void test_workers_status_misc(void **state)
@@ -663,6 +925,7 @@ int main(void)
         cmocka_unit_test(test_small_bodies),
         cmocka_unit_test(test_handler_errors),
         cmocka_unit_test(test_scores),
+        cmocka_unit_test(test_scores_match_reference),
         cmocka_unit_test(test_workers_status_misc),
     };
     int r = cmocka_run_group_tests(tests, setup, teardown);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/codec_internal.h"
 #include "api/json.h"
 
 static struct kvi_scratch S;
@@ -411,6 +412,331 @@ static void test_json_long_array(void **state)
     kvi_buf_free(&b);
 }
 
+/* ---- integer arrays against the previous implementation ---------------------------------- */
+
+/* The integer-array reader as it was before the fast loop (a SWAR fast path
+ * for up to 7 digits, everything else through the general number lexer),
+ * written on the public reader: the new reader must return the same values,
+ * codes, error texts, offsets and element details for any input. */
+
+static uint32_t ref_swar(const uint8_t *p, uint64_t *v)
+{
+    uint64_t x;
+    memcpy(&x, p, 8);
+    uint64_t d = x ^ 0x3030303030303030ull;
+    uint64_t nd = (((d & 0x7f7f7f7f7f7f7f7full) + 0x7676767676767676ull) | d) & 0x8080808080808080ull;
+    if (nd == 0)
+        return 8;
+    uint32_t k = (uint32_t)__builtin_ctzll(nd) >> 3;
+    if (k == 0)
+        return 0;
+    uint64_t val = 0;
+    for (uint32_t i = 0; i < k; i++)
+        val = val * 10 + (uint64_t)(p[i] - '0');
+    *v = val;
+    return k;
+}
+
+static bool ref_ws(uint8_t c)
+{
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+static bool ref_in_range(const struct kvi_num *n, int64_t min, uint64_t max, uint64_t *bits)
+{
+    if (n->neg) {
+        if (min >= 0 || n->mag > (uint64_t)0 - (uint64_t)min)
+            return false;
+        *bits = (uint64_t)0 - n->mag;
+        return true;
+    }
+    if (n->mag > max)
+        return false;
+    *bits = n->mag;
+    return true;
+}
+
+static int ref_wrong(struct kvi_rd *rd, enum kvi_vt vt)
+{
+    if (vt == KVI_VT_BAD)
+        return kvi_rd__fail(rd, rd->_p >= rd->_end ? "EOF while parsing a value" : "expected value");
+    return KVI_RD_TYPE;
+}
+
+static int ref_int_array(struct kvi_rd *rd, int64_t min, uint64_t max, uint64_t *a, size_t *n_out,
+                         struct kvi_elem_err *e)
+{
+    enum kvi_vt vt = kvi_rd_peek(rd);
+    if (vt != KVI_VT_ARR)
+        return ref_wrong(rd, vt);
+    rd->_p++;
+    const uint8_t *p = rd->_p, *end = rd->_end;
+    size_t n = 0;
+    for (;;) {
+        while (p < end && ref_ws(*p))
+            p++;
+        if (p >= end) {
+            rd->_p = p;
+            return kvi_rd__fail(rd, "EOF while parsing a list");
+        }
+        if (*p == ']') {
+            if (n > 0) {
+                rd->_p = p;
+                return kvi_rd__fail(rd, "trailing comma");
+            }
+            p++;
+            break;
+        }
+        const uint8_t *el = p;
+        uint64_t v = (uint64_t)(*p - '0');
+        if (v < 10 && v != 0) {
+            uint32_t k;
+            if (end - p >= 8 && (k = ref_swar(p, &v)) < 8) {
+                p += k;
+            } else {
+                const uint8_t *lim = end - p > 19 ? p + 19 : end;
+                v = (uint64_t)(*p - '0');
+                p++;
+                while (p < lim && *p >= '0' && *p <= '9')
+                    v = v * 10 + (uint64_t)(*p++ - '0');
+            }
+            if (p < end && ((*p >= '0' && *p <= '9') || *p == '.' || *p == 'e' || *p == 'E'))
+                goto slow;
+            if (v > max) {
+                e->index = n;
+                e->kind = KVI_EF_RANGE;
+                e->num.mag = v;
+                e->num.neg = false;
+                e->big = false;
+                e->off = (size_t)(el - rd->_base);
+                rd->_p = el;
+                return KVI_RD_ELEM;
+            }
+            a[n] = v;
+        } else {
+        slow:
+            rd->_p = p = el;
+            vt = kvi_rd_peek(rd);
+            if (vt != KVI_VT_INT) {
+                if (vt == KVI_VT_BAD)
+                    return ref_wrong(rd, vt);
+                e->index = n;
+                e->kind = KVI_EF_TYPE;
+                e->vt = vt;
+                e->off = (size_t)(el - rd->_base);
+                return KVI_RD_ELEM;
+            }
+            struct kvi_num num = {0, false};
+            int r = kvi_rd_num(rd, &num);
+            if (r < 0)
+                return r;
+            uint64_t bits;
+            if (r != 0 || !ref_in_range(&num, min, max, &bits)) {
+                e->index = n;
+                e->kind = r == KVI_NUM_FLOAT ? KVI_EF_FLOAT : KVI_EF_RANGE;
+                e->num = num;
+                e->big = r == KVI_NUM_BIG;
+                e->vt = KVI_VT_INT;
+                e->off = (size_t)(el - rd->_base);
+                rd->_p = el;
+                return KVI_RD_ELEM;
+            }
+            a[n] = bits;
+            p = rd->_p;
+        }
+        n++;
+        while (p < end && ref_ws(*p))
+            p++;
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
+        if (p < end && *p == ']') {
+            p++;
+            break;
+        }
+        rd->_p = p;
+        return kvi_rd__fail(rd, p >= end ? "EOF while parsing a list" : "expected `,` or `]`");
+    }
+    rd->_p = p;
+    *n_out = n;
+    return 0;
+}
+
+static uint64_t rng_state = 0x853c49e6748fea9bull;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Append a random array element: mostly plain integers of every length and
+ * sign, sometimes something the fast path must hand over. */
+static void put_random_elem(struct kvi_buf *b)
+{
+    static const char *const odd[] = {
+        "-0", "0", "00", "01", "-01", "-", "--1", "1.5", "1e5", "1E+5", "2e-3", "-0.0", "1.", ".5",
+        "\"7\"", "null", "true", "false", "[1]", "{}", "x", "+1", "0x10", "1a", "18446744073709551615",
+        "18446744073709551616", "-9223372036854775808", "-9223372036854775809", "99999999999999999999",
+        "100000000000000000000", "123456789012345678901234", "4294967295", "4294967296", "2147483647",
+        "2147483648", "-2147483648", "-2147483649", "9223372036854775807", "9223372036854775808",
+        "1\x01", "\xff",
+    };
+    if (rnd() % 40 == 0) {
+        kvi_buf_puts(b, odd[rnd() % (sizeof odd / sizeof odd[0])]);
+        return;
+    }
+    if (rnd() % 8 == 0)
+        kvi_buf_putc(b, '-');
+    unsigned digits = 1 + (unsigned)(rnd() % (rnd() % 4 == 0 ? 21 : 8));
+    kvi_buf_putc(b, (char)('1' + rnd() % 9));
+    for (unsigned i = 1; i < digits; i++)
+        kvi_buf_putc(b, (char)('0' + rnd() % 10));
+}
+
+static void put_random_ws(struct kvi_buf *b)
+{
+    static const char *const ws[] = {"", "", "", "", " ", " ", "\n", "\t", "\r\n", "  "};
+    kvi_buf_puts(b, ws[rnd() % (sizeof ws / sizeof ws[0])]);
+}
+
+static void test_json_int_array_matches_reference(void **state)
+{
+    static const struct {
+        int64_t min;
+        uint64_t max;
+    } ranges[] = {{0, UINT32_MAX}, {INT32_MIN, INT32_MAX}, {INT64_MIN, INT64_MAX}, {INT64_MIN, UINT64_MAX}};
+    struct kvi_buf b;
+    kvi_buf_init(&b);
+    struct kvi_scratch s2;
+    kvi_scratch_init(&s2);
+    for (int iter = 0; iter < 20000; iter++) {
+        kvi_buf_reset(&b);
+        put_random_ws(&b);
+        kvi_buf_putc(&b, '[');
+        size_t n_el = (size_t)(rnd() % (iter % 5 == 0 ? 300 : 12));
+        for (size_t i = 0; i < n_el; i++) {
+            if (i > 0) {
+                put_random_ws(&b);
+                kvi_buf_putc(&b, rnd() % 300 == 0 ? ';' : ',');
+            }
+            put_random_ws(&b);
+            put_random_elem(&b);
+        }
+        put_random_ws(&b);
+        if (rnd() % 30 == 0)
+            kvi_buf_putc(&b, ',');
+        kvi_buf_putc(&b, ']');
+        kvi_buf_puts(&b, "}  ");
+        size_t len = b.len;
+        if (rnd() % 10 == 0)
+            len = (size_t)(rnd() % (b.len + 1)); /* cut short */
+        /* the body in its own allocation, so ASan sees any read past its end */
+        char *body = malloc(len ? len : 1);
+        memcpy(body, b.data, len);
+        int ri = (int)(rnd() % 4);
+        bool wide = ranges[ri].max > UINT32_MAX || ranges[ri].min < INT32_MIN;
+
+        struct kvi_rd want_rd, got_rd;
+        struct kvi_elem_err we, ge;
+        memset(&we, 0, sizeof we);
+        memset(&ge, 0, sizeof ge);
+        uint64_t *want = calloc(len / 2 + 2, sizeof *want);
+        size_t wn = 0, gn = 0;
+        kvi_scratch_reset(&S);
+        kvi_rd_init(&want_rd, body, len, KVI_ENC_JSON, &S);
+        int wr = ref_int_array(&want_rd, ranges[ri].min, ranges[ri].max, want, &wn, &we);
+        kvi_scratch_reset(&s2);
+        kvi_rd_init(&got_rd, body, len, KVI_ENC_JSON, &s2);
+        int gr;
+        uint64_t got_at = 0;
+        const void *ga = NULL;
+        if (wide) {
+            uint64_t *a = NULL;
+            gr = kvi_rd_u64_array(&got_rd, ranges[ri].min, ranges[ri].max, &a, &gn, &ge);
+            ga = a;
+        } else {
+            uint32_t *a = NULL;
+            gr = kvi_rd_u32_array(&got_rd, ranges[ri].min, ranges[ri].max, &a, &gn, &ge);
+            ga = a;
+        }
+        if (gr != wr)
+            fail_msg("iter %d range %d: returned %d, want %d, body '%.*s'", iter, ri, gr, wr, (int)len, body);
+        assert_int_equal(kvi_rd_offset(&got_rd), kvi_rd_offset(&want_rd));
+        assert_int_equal(got_rd.err, want_rd.err);
+        if (wr < 0) {
+            assert_int_equal(got_rd.err_off, want_rd.err_off);
+            assert_string_equal(got_rd.err_what, want_rd.err_what);
+        } else if (wr == KVI_RD_ELEM) {
+            assert_int_equal(ge.index, we.index);
+            assert_int_equal(ge.kind, we.kind);
+            assert_int_equal(ge.off, we.off);
+            assert_int_equal(ge.big, we.big);
+            if (we.kind == KVI_EF_TYPE)
+                assert_int_equal(ge.vt, we.vt);
+            if (we.kind == KVI_EF_RANGE && !we.big) {
+                assert_true(ge.num.mag == we.num.mag);
+                assert_int_equal(ge.num.neg, we.num.neg);
+            }
+        } else if (wr == 0) {
+            assert_int_equal(gn, wn);
+            for (size_t i = 0; i < wn; i++) {
+                got_at = wide ? ((const uint64_t *)ga)[i] : ((const uint32_t *)ga)[i];
+                if (!wide)
+                    want[i] = (uint32_t)want[i]; /* u32 arrays keep the low 32 bits */
+                if (got_at != want[i])
+                    fail_msg("iter %d element %zu: %llu, want %llu", iter, i, (unsigned long long)got_at,
+                             (unsigned long long)want[i]);
+            }
+        }
+        free(want);
+        free(body);
+    }
+    kvi_scratch_free(&s2);
+    kvi_buf_free(&b);
+}
+
+static void test_str_eq(void **state)
+{
+    /* an absent string equals "" without handing NULL to memcmp (UBSan) */
+    struct kvi_str none = {NULL, 0};
+    assert_true(kvi_str_eq(none, ""));
+    assert_false(kvi_str_eq(none, "a"));
+    assert_true(kvi_str_eq((struct kvi_str){"ab", 2}, "ab"));
+    assert_false(kvi_str_eq((struct kvi_str){"ab", 2}, "abc"));
+    assert_false(kvi_str_eq((struct kvi_str){"ab", 1}, "b"));
+}
+
+static void test_u64_to_dec(void **state)
+{
+    char tmp[24];
+    uint64_t v = 1;
+    for (int i = 0; i < 20; i++, v *= 10) {
+        uint64_t cases[3] = {v - 1, v, v + 1};
+        for (int k = 0; k < 3; k++) {
+            char want[24];
+            int wl = snprintf(want, sizeof want, "%llu", (unsigned long long)cases[k]);
+            size_t n = kvi_u64_to_dec(cases[k], tmp);
+            assert_int_equal(n, (size_t)wl);
+            assert_memory_equal(tmp, want, n);
+            assert_int_equal(kvi_dec_len(cases[k]), (unsigned)wl);
+        }
+    }
+    assert_int_equal(kvi_u64_to_dec(UINT64_MAX, tmp), 20);
+    assert_memory_equal(tmp, "18446744073709551615", 20);
+    assert_int_equal(kvi_dec_len(0), 1);
+    for (int i = 0; i < 100000; i++) {
+        uint64_t x = rnd() >> (rnd() % 64);
+        char want[24];
+        int wl = snprintf(want, sizeof want, "%llu", (unsigned long long)x);
+        assert_int_equal(kvi_u64_to_dec(x, tmp), (size_t)wl);
+        assert_memory_equal(tmp, want, (size_t)wl);
+    }
+}
+
 static int count_keys(void *ctx, struct kvi_str key, enum kvi_vt vt)
 {
     char *seen = ctx;
@@ -687,6 +1013,9 @@ int main(void)
         cmocka_unit_test(test_json_u32_array),
         cmocka_unit_test(test_json_u64_array),
         cmocka_unit_test(test_json_long_array),
+        cmocka_unit_test(test_json_int_array_matches_reference),
+        cmocka_unit_test(test_str_eq),
+        cmocka_unit_test(test_u64_to_dec),
         cmocka_unit_test(test_peek_keys),
         cmocka_unit_test(test_json_writer),
         cmocka_unit_test(test_msgpack_reader),

@@ -1,13 +1,16 @@
 /*
  * HTTP client (net/http_client.h) against the kvidx HTTP server: every
  * protocol mode, a streamed multi-MB body, POST, status errors, transport
- * errors (refused, silent socket timing out), callback cancellation.
+ * errors (refused, silent socket timing out), callback cancellation, and
+ * cancellation through the options' hook while the server says nothing.
  */
 /* ctest-labels: integration */
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -312,6 +315,139 @@ static void test_transport_errors(void **state)
     kvi_http_client_free(c);
 }
 
+/* ---- cancellation through options.cancel ---- */
+
+struct canceller {
+    _Atomic bool flag;
+    unsigned after_ms;
+    double set_at; /* when the flag was set */
+};
+
+static bool cancel_hook(void *ud)
+{
+    struct canceller *k = ud;
+    return atomic_load_explicit(&k->flag, memory_order_relaxed);
+}
+
+static void *canceller_main(void *arg)
+{
+    struct canceller *k = arg;
+    struct timespec ts = {k->after_ms / 1000, (long)(k->after_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    k->set_at = now_s();
+    atomic_store(&k->flag, true);
+    return NULL;
+}
+
+/* A listening socket whose connections are accepted by the kernel and never answered. */
+static int silent_listener(char *u, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    socklen_t al = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    snprintf(u, cap, "http://127.0.0.1:%u/dump", ntohs(a.sin_port));
+    return fd;
+}
+
+/* Sends the status line, the headers and a few body bytes of a 1 MB answer, then stalls. */
+struct staller {
+    int lfd;
+    _Atomic bool quit;
+};
+
+static void *staller_main(void *arg)
+{
+    struct staller *st = arg;
+    int fd = accept(st->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    char req[4096];
+    ssize_t n = read(fd, req, sizeof req); /* the request fits one read */
+    (void)n;
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n{\"a\":";
+    ssize_t w = write(fd, head, sizeof head - 1);
+    (void)w;
+    while (!atomic_load(&st->quit)) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    close(fd);
+    return NULL;
+}
+
+static void test_cancel_hook(void **state)
+{
+    char u[128];
+    int fd = silent_listener(u, sizeof u);
+    enum kvi_http_client_proto protos[] = {KVI_HTTP_CLIENT_H1, KVI_HTTP_CLIENT_H2C_UPGRADE, KVI_HTTP_CLIENT_H2C_PRIOR};
+    for (int p = 0; p < 3; p++) {
+        /* waiting for an answer that never comes, with a 10 s budget: the hook stops it */
+        struct canceller k = {.after_ms = 300};
+        struct kvi_http_client_options o;
+        kvi_http_client_options_init(&o);
+        o.proto = protos[p];
+        o.timeout_ms = 10000;
+        o.cancel = cancel_hook;
+        o.cancel_ud = &k;
+        struct kvi_http_client *c = kvi_http_client_create(&o);
+        assert_non_null(c);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, canceller_main, &k), 0);
+        double t0 = now_s();
+        struct kvi_http_result res;
+        assert_int_equal(kvi_http_get(c, u, NULL, NULL, &res), -ECANCELED);
+        double t1 = now_s();
+        pthread_join(th, NULL);
+        assert_true(t1 - t0 >= 0.25);
+        /* noticed within a few polls (generous for loaded machines and sanitizers) */
+        if (t1 - k.set_at > 0.5)
+            fail_msg("cancel noticed after %.0f ms", (t1 - k.set_at) * 1e3);
+        assert_int_equal(res.status, 0);
+        assert_non_null(strstr(res.error, "cancelled by the caller"));
+
+        /* already cancelled: returns at once, and the client is still usable afterwards */
+        t0 = now_s();
+        assert_int_equal(kvi_http_get(c, url("/version"), NULL, NULL, &res), -ECANCELED);
+        assert_true(now_s() - t0 < 0.5);
+        atomic_store(&k.flag, false);
+        struct text t = {0};
+        assert_int_equal(kvi_http_get(c, url("/version"), text_fn, &t, &res), 0);
+        assert_int_equal(res.status, 200);
+        kvi_http_client_free(c);
+    }
+    close(fd);
+
+    /* headers arrived, the body stalls: the hook stops it too */
+    struct staller st = {.quit = false};
+    st.lfd = silent_listener(u, sizeof u);
+    pthread_t sth, th;
+    assert_int_equal(pthread_create(&sth, NULL, staller_main, &st), 0);
+    struct canceller k = {.after_ms = 300};
+    struct kvi_http_client_options o;
+    kvi_http_client_options_init(&o);
+    o.proto = KVI_HTTP_CLIENT_H1;
+    o.cancel = cancel_hook;
+    o.cancel_ud = &k;
+    struct kvi_http_client *c = kvi_http_client_create(&o);
+    assert_int_equal(pthread_create(&th, NULL, canceller_main, &k), 0);
+    struct text t = {0};
+    struct kvi_http_result res;
+    assert_int_equal(kvi_http_get(c, u, text_fn, &t, &res), -ECANCELED);
+    double t1 = now_s();
+    pthread_join(th, NULL);
+    if (t1 - k.set_at > 0.5)
+        fail_msg("cancel noticed after %.0f ms", (t1 - k.set_at) * 1e3);
+    assert_int_equal(res.status, 200);
+    assert_string_equal(t.buf, "{\"a\":");
+    kvi_http_client_free(c);
+    atomic_store(&st.quit, true);
+    pthread_join(sth, NULL);
+    close(st.lfd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -320,6 +456,7 @@ int main(void)
         cmocka_unit_test(test_status_errors),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_transport_errors),
+        cmocka_unit_test(test_cancel_hook),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
