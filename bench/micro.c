@@ -7,7 +7,9 @@
  * stored as one D-block event (as the reference measured: per sequence).
  * Engine hashes are random 64-bit values (opaque, as vLLM's are); content
  * hashes are random. Measured in-process on one writer thread:
- *   store   — ns per block, storing every sequence;
+ *   store   — ns per block, storing every sequence: cold (the index grows
+ *             from empty), again (idempotent), and into a fresh index
+ *             pre-sized with kvi_index_reserve / kvi_index_reserve_slot;
  *   find    — one full-depth hit query (find_hit_ns), and one query that
  *             diverges at a random depth (find_partial_ns), per jump size;
  *   remove  — ns per block, removing every sequence tail first;
@@ -96,6 +98,29 @@ static void remove_seq(struct kvi_index *ix, const struct shape *s, uint32_t q, 
     for (uint32_t i = 0; i < s->c.depth; i++)
         tmp[i] = e[s->c.depth - 1 - i];
     kvi_index_remove(ix, s->owner[q * s->c.replicas + r], 0, KVI_TIER_GPU, tmp, s->c.depth);
+}
+
+/* Store every sequence. One function per measured phase, so that callgrind
+ * --toggle-collect=store_cold (or store_presized) counts that phase alone. */
+static void store_all(struct kvi_index *ix, const struct shape *s, struct kvi_block *b)
+{
+    for (uint32_t q = 0; q < s->c.seqs; q++)
+        for (uint32_t r = 0; r < s->c.replicas; r++)
+            store_seq(ix, s, q, r, b);
+}
+
+static volatile int store_phase; /* different in each: identical bodies would be folded into one */
+
+static __attribute__((noinline)) void store_cold(struct kvi_index *ix, const struct shape *s, struct kvi_block *b)
+{
+    store_phase = 1;
+    store_all(ix, s, b);
+}
+
+static __attribute__((noinline)) void store_presized(struct kvi_index *ix, const struct shape *s, struct kvi_block *b)
+{
+    store_phase = 2;
+    store_all(ix, s, b);
 }
 
 /* CPU time of the calling thread, ns. */
@@ -431,9 +456,7 @@ int kvi_bench_micro(int argc, char **argv)
 
     /* store (cold: the index grows from empty) */
     uint64_t t0 = kvi_now_ns(), c0 = cpu_ns();
-    for (uint32_t q = 0; q < c.seqs; q++)
-        for (uint32_t r = 0; r < c.replicas; r++)
-            store_seq(ix, &s, q, r, b);
+    store_cold(ix, &s, b);
     double store_ns = (double)(kvi_now_ns() - t0) / (double)holdings;
     double store_cpu = (double)(cpu_ns() - c0) / (double)holdings;
     kvi_index_reclaim(ix, 0);
@@ -496,10 +519,33 @@ int kvi_bench_micro(int argc, char **argv)
     if (st2.holdings != 0 || st2.entries != 0)
         kvi_die("index not empty after removing everything");
 
+    /* store into a fresh index pre-sized with kvi_index_reserve and
+     * kvi_index_reserve_slot: no rehash and no fresh page left in the loop */
+    kvi_index_destroy(ix);
+    ix = kvi_index_create(&icfg);
+    uint64_t *per_inst = kvi_xcalloc(c.workers, sizeof(uint64_t));
+    for (uint32_t w = 0; w < c.workers; w++)
+        if ((uint32_t)kvi_index_intern_instance(ix, 1000 + w, NULL, false) != w)
+            kvi_die("dense ids differ from the first index's");
+    for (uint32_t q = 0; q < c.seqs * c.replicas; q++)
+        per_inst[s.owner[q]] += c.depth;
+    if (kvi_index_reserve(ix, 0, (uint64_t)c.seqs * c.depth) != 0)
+        kvi_die("kvi_index_reserve failed");
+    for (uint32_t w = 0; w < c.workers; w++)
+        if (per_inst[w] > 0 && kvi_index_reserve_slot(ix, w, 0, KVI_TIER_GPU, per_inst[w]) != 0)
+            kvi_die("kvi_index_reserve_slot failed");
+    free(per_inst);
+    t0 = kvi_now_ns();
+    c0 = cpu_ns();
+    store_presized(ix, &s, b);
+    double presized_ns = (double)(kvi_now_ns() - t0) / (double)holdings;
+    double presized_cpu = (double)(cpu_ns() - c0) / (double)holdings;
+
     printf("\n%-44s %12s\n", "operation", "value");
     printf("%-44s %12s %12s\n", "", "wall", "thread cpu");
     printf("%-44s %12.1f %12.1f\n", "store, ns per block (cold)", store_ns, store_cpu);
     printf("%-44s %12.1f %12.1f\n", "store, ns per block (idempotent re-store)", restore_ns, restore_cpu);
+    printf("%-44s %12.1f %12.1f\n", "store, ns per block (pre-sized index)", presized_ns, presized_cpu);
     printf("%-44s %12.1f %12.1f\n", "remove, ns per block (tail first)", remove_ns, remove_cpu);
     printf("%-44s %12.0f %12.0f\n", "find full hit, ns per query (default jump)", dhit.mean_ns, dhit.cpu_mean_ns);
     printf("%-44s %12.0f %12.0f\n", "find partial, ns per query (default jump)", dpart.mean_ns, dpart.cpu_mean_ns);
@@ -517,10 +563,10 @@ int kvi_bench_micro(int argc, char **argv)
            "\"find_partial_ns\":%.0f,\"reader_p99_ns_idle\":%.0f,\"reader_p99_ns_under_writes\":%.0f,"
            "\"reader2_p99_ns_idle\":%.0f,\"reader2_p99_ns_under_writes\":%.0f,\"bytes_per_block_worker\":%.1f,"
            "\"store_cpu_ns_per_block\":%.1f,\"remove_cpu_ns_per_block\":%.1f,\"find_hit_cpu_ns\":%.0f,"
-           "\"find_partial_cpu_ns\":%.0f}\n",
+           "\"find_partial_cpu_ns\":%.0f,\"store_presized_ns_per_block\":%.1f,\"store_presized_cpu_ns_per_block\":%.1f}\n",
            (unsigned long long)c.seqs * c.depth, c.workers, c.depth, c.replicas, store_ns, remove_ns, dhit.mean_ns,
            dpart.mean_ns, idle1.p99_ns, busy1.p99_ns, idle2.p99_ns, busy2.p99_ns, bytes_per, store_cpu, remove_cpu,
-           dhit.cpu_mean_ns, dpart.cpu_mean_ns);
+           dhit.cpu_mean_ns, dpart.cpu_mean_ns, presized_ns, presized_cpu);
 
     free(b);
     free(tmp);

@@ -175,7 +175,8 @@ static inline uint32_t tab_tag(const struct kvi_index *ix, uint64_t key)
 /* Table tag of a prefix key: its top half. K is already a mix under the
  * index's secrets (key_step sums fmix64 outputs; stand-in keys are fmix64 of
  * a secret xor), so mixing it again adds nothing.
- * measured (kvidx-bench micro --replay, callgrind): see the commit. */
+ * measured (kvidx-bench micro --replay, callgrind, stores and removes):
+ * 1,263.5 M -> 1,248.9 M instructions; queries save one fmix64 per probe. */
 static inline uint32_t key_tag(uint64_t key)
 {
     return (uint32_t)(key >> 32);
@@ -192,6 +193,9 @@ static inline uint32_t tab_home(const struct kvi_tab *t, uint32_t tag)
 {
     return (uint32_t)(((uint64_t)tag << 32) >> t->shift) & t->mask;
 }
+
+#define TAB_MAX_LOAD_NUM 3 /* grow past 3/4 used (live + tombstones) */
+#define TAB_MAX_LOAD_DEN 4
 
 #define HUGE_PAGE (2u << 20)
 
@@ -236,6 +240,7 @@ static struct kvi_tab *tab_new(uint32_t cap)
     }
     t->mask = cap - 1;
     t->shift = 64 - (uint32_t)__builtin_ctz(cap);
+    t->grow_at = cap / TAB_MAX_LOAD_DEN * TAB_MAX_LOAD_NUM; /* cap >= 16: exact */
     return t;
 }
 
@@ -338,11 +343,13 @@ static void tab_insert_raw(struct kvi_tab *t, uint32_t tag, uint32_t idx)
 
 /* Rebuild with capacity `cap`, publish, retire the old array (query tables)
  * or free it at once (slot maps, never read by queries). */
-static void tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers)
+static void tab_rehash_ex(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers, bool touch)
 {
     struct kvi_tab *old = atomic_load_explicit(&tb->t, memory_order_relaxed);
     struct kvi_tab *nt = tab_new(cap);
     part_account(p, (int64_t)tab_bytes(nt));
+    if (touch) /* fault every page in now (kvi_index_reserve) */
+        memset((void *)nt->s, 0, (size_t)cap * sizeof(uint64_t));
     if (old != NULL) {
         for (uint32_t i = 0; i <= old->mask; i++) {
             uint64_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
@@ -362,8 +369,10 @@ static void tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, b
     }
 }
 
-#define TAB_MAX_LOAD_NUM 3 /* grow past 3/4 used (live + tombstones) */
-#define TAB_MAX_LOAD_DEN 4
+static void tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers)
+{
+    tab_rehash_ex(p, tb, cap, readers, false);
+}
 
 /* Insert entry idx under a key whose tag is `tag` (W1). Writer. */
 static void tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag, uint32_t idx)
@@ -372,7 +381,7 @@ static void tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi
     if (t == NULL) {
         tab_rehash(p, tb, 16, c->kind != TAB_MAP);
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
-    } else if ((uint64_t)(t->used + 1) * TAB_MAX_LOAD_DEN > (uint64_t)(t->mask + 1) * TAB_MAX_LOAD_NUM) {
+    } else if (t->used >= t->grow_at) { /* (used + 1) / cap > 3/4 */
         uint32_t cap = t->mask + 1;
         if ((uint64_t)(t->live + 1) * 2 > cap)
             cap *= 2; /* else: same size, purge tombstones */
@@ -641,9 +650,11 @@ static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kv
  * Remove slot's member of e. In an array the member's position is freed in
  * place (no live member moves: see struct kvi_mset), and the array is
  * replaced only when a quarter or less of it is live.
- * measured (kvidx-bench micro --replay, conversation trace: about half of the
- * removals hit an entry with a member array), copy-on-write of the whole
- * array on every removal before: see the commit message.
+ * Before, every removal copied the whole array and retired the old one
+ * (malloc, free and a grace period per removal); about half of the
+ * conversation trace's removals hit an entry with an array. measured
+ * (kvidx-bench micro --replay, callgrind, the replay's stores and removes):
+ * 1,600.8 M -> 1,560.1 M instructions.
  */
 static void member_del(const struct kvi_index *ix, struct kvi_part *p, struct kvi_entry *e, uint32_t slot,
                        uint8_t tier)
@@ -692,6 +703,23 @@ static inline bool entry_no_content(const struct kvi_entry *e)
     return (e->up & KVI_UP_NO_CONTENT) != 0;
 }
 
+/* Allocate entry chunk c. Not zeroed unless `touch` (kvi_index_reserve: fault
+ * its pages in now): entry_new initialises every entry before it is
+ * published, and only entries below next_fresh are ever looked at. Writer. */
+static void chunk_alloc(struct kvi_part *p, uint32_t c, bool touch)
+{
+    size_t bytes = (size_t)KVI_ENTRY_CHUNK * sizeof(struct kvi_entry);
+    struct kvi_entry *chunk = aligned_alloc(KVI_CACHE_LINE, bytes);
+    if (chunk == NULL)
+        kvi_die("out of memory for an entry chunk");
+    if (touch)
+        memset(chunk, 0, bytes);
+    part_account(p, (int64_t)bytes);
+    atomic_store_explicit(&p->chunks[c], chunk, memory_order_release);
+    if (c + 1 > p->n_chunks)
+        p->n_chunks = c + 1;
+}
+
 static uint32_t entry_alloc(struct kvi_part *p)
 {
     if (p->n_free > 0)
@@ -702,23 +730,15 @@ static uint32_t entry_alloc(struct kvi_part *p)
     uint32_t c = idx >> KVI_ENTRY_CHUNK_SHIFT;
     if (c >= KVI_ENTRY_CHUNKS_MAX)
         kvi_die("partition entry space exhausted (%u chunks)", c);
-    if (atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL) {
-        struct kvi_entry *chunk = aligned_alloc(KVI_CACHE_LINE, KVI_ENTRY_CHUNK * sizeof(struct kvi_entry));
-        if (chunk == NULL)
-            kvi_die("out of memory for an entry chunk");
-        /* not zeroed: entry_new initialises every entry before it is
-         * published, and only entries below next_fresh are ever looked at */
-        part_account(p, KVI_ENTRY_CHUNK * sizeof(struct kvi_entry));
-        atomic_store_explicit(&p->chunks[c], chunk, memory_order_release);
-        p->n_chunks = c + 1;
-    }
+    if (KVI_UNLIKELY(atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL))
+        chunk_alloc(p, c, false);
     p->next_fresh++;
     return idx;
 }
 
 /* Link initialised entry idx first in parent's child list (W5: a seq walk
  * that reaches idx sees it whole). Writer. */
-static void child_link(struct kvi_part *p, uint32_t parent, uint32_t idx)
+static inline void child_link(struct kvi_part *p, uint32_t parent, uint32_t idx)
 {
     struct kvi_entry *pe = kvi__entry(p, parent), *e = kvi__entry(p, idx);
     uint32_t head = atomic_load_explicit(&pe->first_child, memory_order_relaxed);
@@ -1210,6 +1230,26 @@ static inline uint64_t run_eh(const struct run *r, size_t i)
     return r->b != NULL ? r->b[i].engine_hash : r->eh[i];
 }
 
+/* The run's engine hashes as a strided array, for the store loops: block i's
+ * is base[i * stride] (no per-access branch on the run's form). */
+struct eh_view {
+    const uint64_t *base;
+    size_t stride;
+};
+
+static inline struct eh_view run_eh_view(const struct run *r)
+{
+    _Static_assert(sizeof(struct kvi_block) == 2 * sizeof(uint64_t), "kvi_block is two u64");
+    if (r->b != NULL)
+        return (struct eh_view){&r->b[0].engine_hash, 2};
+    return (struct eh_view){r->eh, 1};
+}
+
+static inline uint64_t eh_at(struct eh_view v, size_t i)
+{
+    return v.base[i * v.stride];
+}
+
 /* Stand-in prefix key of an entry placed by its seq hash alone. Its content
  * chain is unknown, so content queries of an index holding such entries go
  * through the seq table (has_seq_only) and never compute this key. */
@@ -1336,8 +1376,9 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     }
     uint64_t *rk = p->runbuf, *rs = p->runbuf + n;
     uint32_t *kt = (uint32_t *)(rs + n), *mt = kt + n, *st = mt + n;
+    const struct eh_view ehv = run_eh_view(r);
     for (size_t i = 0; i < n; i++)
-        mt[i] = tab_tag(ix, run_eh(r, i));
+        mt[i] = tab_tag(ix, eh_at(ehv, i));
     if (run_has_duplicates(p, has_parent, parent_eh, r, mt)) {
         kvi_relaxed_add(&p->invalid_events, 1);
         return -EINVAL;
@@ -1403,21 +1444,24 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
      * An engine hash renamed to another prefix drops its old holding with
      * its descendants; when that would drop the run's own parent chain the
      * run is rejected before anything changes.
-     * measured (kvidx-bench micro --replay, conversation trace, callgrind and
-     * thread cpu): a second, unpipelined map lookup per block before: see the
-     * commit. */
+     * Before, the check ran its own unpipelined lookup loop and pass 2
+     * looked every hash up again. measured (kvidx-bench micro --replay,
+     * callgrind, stores and removes): 1,248.9 M -> 1,242.8 M instructions;
+     * thread cpu ns per stored block 140.3 / 134.8 -> 133.1 / 131.7. */
     uint32_t *have = st + n;
     for (size_t i = 0; i < n && i < PF_DIST; i++)
         tab_prefetch_t(&s->map, mt[i]);
     for (size_t i = 0; i < n; i++) {
         if (i + PF_DIST < n)
             tab_prefetch_t(&s->map, mt[i + PF_DIST]);
-        if (i + PF_DIST / 2 < n) {
+        /* (entries of hashes the slot holds: re-stores, which come in runs;
+         * skipped while the run's blocks are new to the slot) */
+        if (i + PF_DIST / 2 < n && (i == 0 || have[i - 1] != KVI_NONE)) {
             uint32_t a = tab_peek_t(&s->map, mt[i + PF_DIST / 2]);
             if (a != KVI_NONE)
                 __builtin_prefetch(kvi__entry(p, a));
         }
-        have[i] = map_find_t(ix, p, s, run_eh(r, i), mt[i]);
+        have[i] = map_find_t(ix, p, s, eh_at(ehv, i), mt[i]);
         if (prev != KVI_NONE && have[i] != KVI_NONE && kvi__entry(p, have[i])->seq != rs[i]) {
             uint32_t hv = have[i];
             /* would the cascade from `have` reach the run's parent? it follows
@@ -1442,9 +1486,13 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
      * drops a name: from then on a hit is re-checked (an entry freed meanwhile
      * is not recycled before the next reclaim, and names no member) */
     bool stale = false;
+    /* prev was created by this store: without a seq table (so no prefix
+     * placed by seq alone), its children can only be the ones this store
+     * adds, and the key lookup of the next block would miss */
+    bool prev_new = false;
     for (size_t i = 0; i < n; i++) {
         uint32_t pos = pos0 + (uint32_t)i;
-        uint64_t eh = run_eh(r, i);
+        uint64_t eh = eh_at(ehv, i);
         k = rk[i];
         sq = rs[i];
         if (i + PF_DIST < n) {
@@ -1464,6 +1512,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             if (he->seq == sq && he->pos == pos) {
                 prev = hv; /* idempotent re-store */
                 parent_in_slot = true;
+                prev_new = false;
                 continue;
             }
             /* the engine renamed a different block: drop the old one */
@@ -1482,7 +1531,9 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         bool known = r->b != NULL || pos == 0; /* content known */
         uint64_t content = r->b != NULL ? r->b[i].content_hash : pos == 0 ? sq : 0;
         struct tab_ctx fc = {ix, p, son ? TAB_SEQ : TAB_KEY, 0};
-        uint32_t idx = son ? tab_find_t(&fc, &p->stab, sq, st[i]) : tab_find_t(&fc, &p->ktab, k, kt[i]);
+        uint32_t idx = son ? tab_find_t(&fc, &p->stab, sq, st[i])
+                       : prev_new ? KVI_NONE
+                                  : tab_find_t(&fc, &p->ktab, k, kt[i]);
         if (idx != KVI_NONE && kvi__entry(p, idx)->pos != pos)
             idx = KVI_NONE; /* 2^-64 collision across depths: keep them apart */
         if (idx == KVI_NONE) {
@@ -1493,6 +1544,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             holding_add(ix, p, s, idx, eh, mt[i], seq_only && i == 0);
             prev = idx;
             parent_in_slot = true;
+            prev_new = true;
             continue;
         } else {
             struct kvi_entry *fe = kvi__entry(p, idx);
@@ -1505,6 +1557,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
                 fe->content = content;
                 fe->up &= ~KVI_UP_NO_CONTENT;
             }
+            prev_new = false;
             k = fe->key; /* continue the chain from the entry's own key */
             if (k != rk[i])
                 for (size_t j = i + 1; j < n; j++) { /* re-derive the rest of the run's keys */
@@ -1524,6 +1577,71 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         parent_in_slot = true;
     }
     maybe_reclaim(ix, in->part);
+    return 0;
+}
+
+/* ---- reservations ------------------------------------------------------------ */
+
+/* Smallest table capacity that holds `live` keys without growing
+ * (UINT64_MAX when no table can). */
+static uint64_t tab_cap_for(uint64_t live)
+{
+    if (live >= 1ull << 32)
+        return UINT64_MAX;
+    uint64_t cap = 16;
+    while (cap * TAB_MAX_LOAD_NUM < (live + 1) * TAB_MAX_LOAD_DEN)
+        cap *= 2;
+    return cap;
+}
+
+/* Resize tb (a query table when `readers`) to hold `live` keys, pages touched. */
+static void tab_reserve(struct kvi_part *p, struct kvi_table *tb, uint64_t live, bool readers)
+{
+    uint64_t cap = tab_cap_for(live);
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    if (t == NULL || cap > (uint64_t)t->mask + 1)
+        tab_rehash_ex(p, tb, (uint32_t)cap, readers, true);
+}
+
+/*
+ * Growing from empty spends its extra time rehashing the key table and the
+ * slot maps and faulting in fresh table and entry pages. measured
+ * (kvidx-bench micro, 1 M new blocks, thread cpu ns per block, 3 runs): cold
+ * 149.8 / 185.2 / 161.4, pre-sized 62.4 / 61.0 / 58.6; callgrind (--seqs 256):
+ * 666 -> 517 instructions per block. (Carving entry chunks from 2 MiB
+ * huge-page slabs instead made the cold store slower here: 167-178 ->
+ * 191-313. Not kept.)
+ */
+int kvi_index_reserve(struct kvi_index *ix, uint32_t part, uint64_t entries)
+{
+    if (part >= ix->n_parts || entries >= (1ull << KVI_ENTRY_IDX_BITS) - 1 ||
+        tab_cap_for(entries) > (1ull << 31))
+        return -EINVAL;
+    struct kvi_part *p = &ix->parts[part];
+    stab_maybe_build(ix, p);
+    tab_reserve(p, &p->ktab, entries, true);
+    if (stab_on(p))
+        tab_reserve(p, &p->stab, entries, true);
+    /* entry chunks through index `entries` (index 0 is never an entry) */
+    uint32_t last = (uint32_t)((entries + KVI_ENTRY_CHUNK) >> KVI_ENTRY_CHUNK_SHIFT); /* chunks needed */
+    for (uint32_t c = 0; c < last; c++)
+        if (atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL)
+            chunk_alloc(p, c, true);
+    return 0;
+}
+
+int kvi_index_reserve_slot(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                           uint64_t blocks)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire) ||
+        (unsigned)tier >= KVI_TIER_COUNT || tab_cap_for(blocks) > (1ull << 31))
+        return -EINVAL;
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    uint32_t sid = slot_find(ix, instance, dp_rank, (uint8_t)tier);
+    if (sid == KVI_NONE)
+        sid = slot_create(ix, instance, dp_rank, (uint8_t)tier);
+    tab_reserve(p, &kvi__slot(ix, sid)->map, blocks, false);
     return 0;
 }
 

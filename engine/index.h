@@ -74,6 +74,7 @@
  *   | create / destroy               | control plane; destroy with no other |
  *   |                                | users left                           |
  *   | store/remove/clear/remove_*    | the partition's writer               |
+ *   | reserve, reserve_slot          | the partition's writer               |
  *   | dump_partition, reclaim        | the partition's writer               |
  *   | find_*, slot_info, tree_size   | any registered RCU reader, in a read |
  *   |                                | section                              |
@@ -308,6 +309,29 @@ void kvi_index_remove_dp_rank(struct kvi_index *ix, uint32_t instance, uint32_t 
 
 /** Drop every slot of @p instance and forget them. */
 void kvi_index_remove_instance(struct kvi_index *ix, uint32_t instance);
+
+/**
+ * Pre-size partition @p part for @p entries distinct prefixes in all (single
+ * writer only: the partition's writer): its prefix-key table, and its seq
+ * table when it keeps one, are resized now, and entry storage for that many
+ * entries is allocated with its pages touched, so that stores up to that
+ * size neither rehash those tables nor fault in fresh pages. A capacity hint
+ * only: the index still grows past it, and tables shrink again as removals
+ * empty them.
+ * @return 0, or -EINVAL (no such partition, or more entries than a partition
+ *         can hold).
+ */
+int kvi_index_reserve(struct kvi_index *ix, uint32_t part, uint64_t entries);
+
+/**
+ * Pre-size the engine-hash map of slot (@p instance, @p dp_rank, @p tier) for
+ * @p blocks holdings, creating the slot (holding nothing) when it does not
+ * exist yet (single writer only: the writer of the instance's partition).
+ * A capacity hint, as kvi_index_reserve.
+ * @return 0, or -EINVAL (unknown instance, invalid tier, or too many blocks).
+ */
+int kvi_index_reserve_slot(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                           uint64_t blocks);
 
 /**
  * Free memory retired by partition @p part after waiting for an RCU grace

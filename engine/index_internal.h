@@ -117,8 +117,10 @@ struct kvi_tab {
     uint32_t mask;
     uint32_t used; /* live + tombstones */
     uint32_t live;
-    uint32_t shift; /* 64 - log2(capacity): home slot = top bits of the tag */
-    size_t mapped;  /* bytes mapped with mmap (huge-page tables); 0: malloc'd */
+    uint32_t shift;   /* 64 - log2(capacity): home slot = top bits of the tag */
+    uint32_t grow_at; /* an insert finding `used` this high first grows or purges */
+    uint32_t _pad;
+    size_t mapped;    /* bytes mapped with mmap (huge-page tables); 0: malloc'd */
     _Atomic uint64_t s[];
 };
 

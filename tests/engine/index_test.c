@@ -2271,6 +2271,98 @@ static void test_store_rename_then_reuse_name(void **state)
     kvi_index_destroy(ix);
 }
 
+/*
+ * Capacity hints: kvi_index_reserve and kvi_index_reserve_slot size the key
+ * table, entry storage and a slot's map up front, so that storing that much
+ * neither rehashes nor allocates entry chunks; contents and answers are
+ * unchanged, and invalid arguments are rejected.
+ */
+static void test_reserve(void **state)
+{
+    (void)state;
+    struct kvi_index_config cfg = {.block_size = 16, .n_parts = 2, .key_seed = 9};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    uint32_t w = (uint32_t)kvi_index_intern_instance(ix, 1, NULL, false);
+    struct kvi_part *p = &ix->parts[kvi_index_partition_of(ix, w)];
+    enum { N = 3000 };
+    uint64_t *c = xalloc_u64(N);
+    struct kvi_block *b = calloc(N, sizeof *b);
+    assert_non_null(b);
+    for (uint32_t i = 0; i < N; i++) {
+        c[i] = 7000 + i;
+        b[i] = (struct kvi_block){0xb000 + i, c[i]};
+    }
+    /* some content first: reserving keeps it */
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, 10), 0);
+    assert_int_equal(kvi_index_reserve(ix, kvi_index_partition_of(ix, w), 2 * N), 0);
+    assert_int_equal(kvi_index_reserve_slot(ix, w, 0, KVI_TIER_GPU, N), 0);
+    struct kvi_tab *kt = atomic_load(&p->ktab.t);
+    assert_true((uint64_t)kt->mask + 1 >= 2 * N);
+    uint32_t sid = 0;
+    for (uint32_t id = 1; id < atomic_load(&ix->n_slot_ids); id++)
+        if (kvi__slot(ix, id)->instance == w)
+            sid = id;
+    assert_int_not_equal(sid, 0);
+    struct kvi_tab *mt = atomic_load(&kvi__slot(ix, sid)->map.t);
+    uint32_t chunks = p->n_chunks;
+    assert_true(chunks >= (2 * N + KVI_ENTRY_CHUNK) / KVI_ENTRY_CHUNK);
+    struct kvi_match m[2];
+    kvi_rcu_read_lock();
+    size_t r = kvi_index_find_matches(ix, c, N, m, 2);
+    kvi_rcu_read_unlock();
+    assert_int_equal(r, 1);
+    assert_int_equal(m[0].depth, 10);
+    /* storing up to the hint: no table replaced, no chunk added */
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, N), 0);
+    assert_ptr_equal(atomic_load(&p->ktab.t), kt);
+    assert_ptr_equal(atomic_load(&kvi__slot(ix, sid)->map.t), mt);
+    assert_int_equal(p->n_chunks, chunks);
+    kvi_rcu_read_lock();
+    r = kvi_index_find_matches(ix, c, N, m, 2);
+    kvi_rcu_read_unlock();
+    assert_int_equal(r, 1);
+    assert_int_equal(m[0].depth, N);
+    assert_int_equal(m[0].tree_size, N);
+    /* a smaller hint changes nothing; a slot can be created by its hint */
+    assert_int_equal(kvi_index_reserve(ix, kvi_index_partition_of(ix, w), 5), 0);
+    assert_ptr_equal(atomic_load(&p->ktab.t), kt);
+    struct kvi_index_stats st0, st1;
+    kvi_index_stats(ix, &st0);
+    assert_int_equal(kvi_index_reserve_slot(ix, w, 3, KVI_TIER_CPU, 100), 0);
+    kvi_index_stats(ix, &st1);
+    assert_int_equal(st1.slots, st0.slots + 1);
+    assert_int_equal(st1.holdings, st0.holdings);
+    assert_int_equal(kvi_index_tree_size(ix, w, 3), 0);
+    /* errors */
+    assert_int_equal(kvi_index_reserve(ix, 2, 10), -EINVAL);
+    assert_int_equal(kvi_index_reserve(ix, 0, 1ull << 40), -EINVAL);
+    assert_int_equal(kvi_index_reserve_slot(ix, 99, 0, KVI_TIER_GPU, 10), -EINVAL);
+    assert_int_equal(kvi_index_reserve_slot(ix, w, 0, (enum kvi_tier)7, 10), -EINVAL);
+    assert_int_equal(kvi_index_reserve_slot(ix, w, 0, KVI_TIER_GPU, 1ull << 40), -EINVAL);
+    assert_int_equal(kvi_index_reserve_slot(ix, w, 0, KVI_TIER_GPU, UINT64_MAX), -EINVAL);
+    assert_int_equal(kvi_index_reserve(ix, 0, UINT64_MAX), -EINVAL);
+    /* with a seq table, it is sized too */
+    uint64_t sq[4];
+    kvi_seq_hashes(c, 4, sq);
+    kvi_rcu_read_lock();
+    (void)kvi_index_find_matches_by_seq(ix, sq, 4, m, 2); /* asks for seq tables */
+    kvi_rcu_read_unlock();
+    assert_int_equal(kvi_index_reserve(ix, kvi_index_partition_of(ix, w), 4 * N), 0);
+    struct kvi_tab *stt = atomic_load(&p->stab.t);
+    assert_non_null(stt);
+    assert_true((uint64_t)stt->mask + 1 >= 4 * N);
+    assert_int_equal(stt->live, atomic_load(&p->entries));
+    kvi_rcu_read_lock();
+    r = kvi_index_find_matches_by_seq(ix, sq, 4, m, 2);
+    kvi_rcu_read_unlock();
+    assert_int_equal(r, 1);
+    assert_int_equal(m[0].depth, 4);
+    free(b);
+    free(c);
+    kvi_index_destroy(ix);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -2354,6 +2446,7 @@ int main(void)
         cmocka_unit_test(test_seq_table_on_demand),
         cmocka_unit_test(test_child_list_unlink),
         cmocka_unit_test(test_store_rename_then_reuse_name),
+        cmocka_unit_test(test_reserve),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
