@@ -52,28 +52,20 @@ DEPTH_ACTIVE=${DEPTH_ACTIVE:-64}
 ONLY=${ONLY:-}
 PY=/usr/bin/python3
 
-for tool in h2load curl "$PY" "$KVIDXD"; do
-  command -v "$tool" >/dev/null || { echo "slots_http.sh: $tool not found (bash ci/deps.sh; bash ci/build.sh Release)" >&2; exit 1; }
-done
-
-tmp=$(mktemp -d /tmp/kvidx-slots-bench.XXXXXX)
-kvidxd_pid=""
-server_pid=""
-cleanup() {
-  [ -n "$kvidxd_pid" ] && kill "$kvidxd_pid" 2>/dev/null && wait "$kvidxd_pid" 2>/dev/null || true
-  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+BENCH_NAME=slots_http.sh
+# shellcheck source=bench/http_lib.sh
+. bench/http_lib.sh
+bench_setup kvidx-slots-bench
 
 # 1. the index state (a /dump to recover from) and the request bodies
-"$PY" - "$tmp" "$WORKERS" "$SEQS" "$DEPTH" "$PREFIX" <<'EOF'
-import json, os, random, struct, sys
+bench_state "index state"
+"$PY" - "$tmp" "$PREFIX" <<'EOF'
+import json, os, struct, sys
 import msgpack, xxhash
 
-out, workers, seqs, depth, prefix = sys.argv[1], *map(int, sys.argv[2:])
-BS, SEED, MASK = 16, 1337, (1 << 64) - 1
-rng = random.Random(42)
+out, prefix = sys.argv[1], int(sys.argv[2])
+BS, SEED = 16, 1337
+first = json.load(open(os.path.join(out, "first.json")))
 
 def content(tokens):
     return xxhash.xxh3_64_intdigest(struct.pack("<%dI" % len(tokens), *tokens), seed=SEED)
@@ -84,24 +76,6 @@ def seq_hashes(contents):  # the standard rolling sequence hash (RFC 1527), what
         prev = c if prev is None else xxhash.xxh3_64_intdigest(struct.pack("<QQ", prev, c), seed=SEED)
         out.append(prev)
     return out
-
-system = [rng.randrange(1, 128000) for _ in range(prefix * BS)]
-events, first = [], None
-for s in range(seqs):
-    tokens = system + [rng.randrange(1, 128000) for _ in range((depth - prefix) * BS)]
-    if first is None:
-        first = tokens
-    blocks, eh = [], 0
-    for i in range(depth):
-        c = content(tokens[i * BS:(i + 1) * BS])
-        eh = xxhash.xxh3_64_intdigest(struct.pack("<QQ", eh, c), seed=7)  # an engine's opaque name
-        blocks.append({"block_hash": eh, "tokens_hash": c, "mm_extra_info": None})
-    events.append({"worker_id": s % workers, "storage_tier": "device",
-                   "event": {"event_id": s, "dp_rank": 0,
-                             "data": {"stored": {"parent_hash": None, "start_position": 0, "blocks": blocks}}}})
-os.makedirs(os.path.join(out, "www"), exist_ok=True)
-with open(os.path.join(out, "www", "dump"), "w") as f:
-    json.dump({"bench:default": {"block_size": BS, "events": events}}, f)
 
 n = 128
 contents = [content(first[i * BS:(i + 1) * BS]) for i in range(n)]
@@ -118,36 +92,10 @@ with open(os.path.join(out, "route.json"), "w") as f:
     json.dump({"model_name": "bench", "token_ids": tokens}, f)
 with open(os.path.join(out, "route.msgpack"), "wb") as f:
     f.write(msgpack.packb({"model_name": "bench", "token_ids": struct.pack("<%dI" % len(tokens), *tokens)}))
-print("index state: %d workers, %d sequences x %d blocks (%d-block shared prefix), dump %.1f MB"
-      % (workers, seqs, depth, prefix, os.path.getsize(os.path.join(out, "www", "dump")) / 1e6))
 EOF
 
-"$PY" -u -c '
-import http.server, socketserver, sys, os
-os.chdir(sys.argv[1])
-class H(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *a): pass
-with socketserver.TCPServer(("127.0.0.1", 0), H) as s:
-    open(sys.argv[2], "w").write(str(s.server_address[1]))
-    s.serve_forever()
-' "$tmp/www" "$tmp/peer.port" &
-server_pid=$!
-for _ in $(seq 200); do [ -s "$tmp/peer.port" ] && break; sleep 0.05; done
-peer_port=$(cat "$tmp/peer.port")
-
-"$KVIDXD" --port 0 --port-file "$tmp/port" --slot-port auto --slot-port-file "$tmp/slot.port" \
-  --http-threads "$HTTP_THREADS" --threads "$WRITERS" \
-  --peers "http://127.0.0.1:$peer_port" --recovery-delay-ms 0 --log-level warn &
-kvidxd_pid=$!
-for _ in $(seq 400); do [ -s "$tmp/port" ] && break; sleep 0.05; done
-base="http://127.0.0.1:$(cat "$tmp/port")"
+bench_start_kvidxd --slot-port auto --slot-port-file "$tmp/slot.port"
 slot="http://127.0.0.1:$(cat "$tmp/slot.port")"
-for _ in $(seq 1200); do
-  curl -fs "$base/status" | grep -q '"last_result"' && break
-  sleep 0.05
-done
-curl -fs "$base/status" | grep -q '"last_result":"succeeded"' || { echo "slots_http.sh: recovery failed" >&2; exit 1; }
-kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
 
 # 2. the slot tracker's state, over one keep-alive connection
 "$PY" - "$(cat "$tmp/slot.port")" "$WORKERS" "$ACTIVE" "$DEPTH_ACTIVE" "$tmp/system.json" <<'EOF'
@@ -172,39 +120,15 @@ EOF
 echo "kvidxd: indexer $base, slot tracker $slot; $HTTP_THREADS HTTP threads per port, $WRITERS writers; $(nproc) CPUs shared with h2load"
 curl -fs -H 'content-type: application/json' --data-binary @"$tmp/route.json" "$base/route" \
   | grep -q '"candidates":\[{"worker_id":0,"dp_rank":0,"overlap_blocks":128' \
-  || { echo "slots_http.sh: unexpected /route answer" >&2; exit 1; }
+  || die "unexpected /route answer"
 
 # 3. the runs
-CLK_TCK=$(getconf CLK_TCK)
-cpu_ticks() { # kvidxd's user + system time so far, in clock ticks
-  awk '{ print $14 + $15 }' "/proc/$kvidxd_pid/stat"
-}
-
 run() { # base route proto body file ctype
-  local url=$1$2 route=$2 proto=$3 body=$4 file=$5 ctype=$6
-  [ -n "$ONLY" ] && [[ "$route $proto $body" != *"$ONLY"* ]] && return 0
-  local args=(-n "$N" -c "$C" -d "$file" -H "content-type: $ctype" --log-file "$tmp/h2load.log")
-  if [ "$proto" = h1 ]; then args+=(--h1 -m 1); else args+=(-m "$M"); fi
-  rm -f "$tmp/h2load.log"
-  local out t0 t1 rps ok
-  t0=$(cpu_ticks)
-  out=$(h2load "${args[@]}" "$url" 2>&1)
-  t1=$(cpu_ticks)
-  rps=$(sed -n 's/^finished in [^,]*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
-  ok=$(sed -n 's/^status codes: \([0-9]*\) 2xx.*/\1/p' <<<"$out")
-  if [ "${ok:-0}" != "$N" ]; then
-    echo "slots_http.sh: $route $proto $body: only ${ok:-0} of $N answers were 2xx" >&2
-    echo "$out" >&2
-    exit 1
-  fi
-  read -r p50 p90 p99 p999 < <(cut -f3 "$tmp/h2load.log" | sort -n | awk '
-    { v[NR] = $1 } END { n = NR; printf "%.3f %.3f %.3f %.3f\n", v[int(n*0.50)]/1000, v[int(n*0.90)]/1000, v[int(n*0.99)]/1000, v[int(n*0.999)]/1000 }')
-  local cpu_us
-  cpu_us=$(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v n="$N" 'BEGIN { printf "%.2f", t / hz * 1e6 / n }')
-  printf '%-17s %-3s %-8s %10s req/s   p50 %6s ms  p90 %6s ms  p99 %6s ms  p99.9 %6s ms   kvidxd CPU %s us/req\n' \
-    "$route" "$proto" "$body" "$rps" "$p50" "$p90" "$p99" "$p999" "$cpu_us"
+  local url=$1$2
+  shift
+  bench_h2load "$url" "$@" || return 0
   printf '{"bench":"slots_http","route":"%s","proto":"%s","body":"%s","req_per_s":%s,"p99_ms":%s}\n' \
-    "$route" "$proto" "$body" "$rps" "$p99"
+    "$1" "$2" "$3" "$rps" "$p99"
 }
 
 echo "h2load -n $N -c $C (HTTP/2: -m $M; HTTP/1.1: -m 1)"
