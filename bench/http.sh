@@ -80,7 +80,7 @@ with open(os.path.join(out, "q.msgpack"), "wb") as f:
 EOF
 
 # 2. serve the dump, start kvidxd, let it recover from it
-bench_start_kvidxd
+bench_start_kvidxd # no extra kvidxd flags
 echo "kvidxd on $base: $HTTP_THREADS HTTP threads, $WRITERS writers; $(nproc) CPUs shared with h2load"
 curl -fs -H 'content-type: application/json' --data-binary @"$tmp/qh.json" "$base/query_by_hash" \
   | grep -q '"scores":{"0":{"0":2048}' || die "unexpected /query_by_hash answer"

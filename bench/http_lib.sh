@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # bench/http_lib.sh: what bench/http.sh and bench/slots_http.sh share.
 # Sourced, not run. Expects, set by the caller: KVIDXD, N, C, M, ONLY, PY,
 # WORKERS, SEQS, DEPTH, PREFIX, HTTP_THREADS, WRITERS, and BENCH_NAME (the
