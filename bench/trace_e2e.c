@@ -864,29 +864,9 @@ static void fill(const struct kvi_trace_workload *w, const struct kvi_trace_run_
         kvi_hist_merge(find, &l->find);
         kvi_hist_merge(lag, &l->lag);
     }
-    double window_s = cfg->window_ms / 1e3;
-    res->window_ms = cfg->window_ms;
     res->elapsed_ms = d_ms(t0, t_end);
     res->issue_end_ms = d_ms(t0, t_last_issue);
-    res->ops_total = w->n;
-    res->events_total = w->st.stores + w->st.removes;
-    res->block_ops_total = w->st.query_blocks + w->st.stored_blocks + w->st.removed_blocks;
-    res->offered_ops_per_s = (double)res->ops_total / window_s;
-    res->offered_block_ops_per_s = (double)res->block_ops_total / window_s;
-    double el_s = res->elapsed_ms / 1e3;
-    res->achieved_ops_per_s = el_s > 0 ? (double)res->ops_issued / el_s : 0;
-    res->achieved_block_ops_per_s = el_s > 0 ? (double)res->block_ops_issued / el_s : 0;
-    res->issue_ok = res->ops_issued == res->ops_total && res->issue_end_ms <= 1.01 * cfg->window_ms;
-    res->keep_up = res->elapsed_ms <= 1.10 * cfg->window_ms;
-    res->find_p50_ns = kvi_hist_percentile(find, 50);
-    res->find_p95_ns = kvi_hist_percentile(find, 95);
-    res->find_p99_ns = kvi_hist_percentile(find, 99);
-    res->find_p999_ns = kvi_hist_percentile(find, 99.9);
-    res->find_max_ns = find->count ? find->max : 0;
-    res->find_mean_ns = kvi_hist_mean(find);
-    res->lag_p99_ns = kvi_hist_percentile(lag, 99);
-    res->lag_max_ns = lag->count ? lag->max : 0;
-    res->mean_best_depth = res->hit_queries ? (double)best / (double)res->hit_queries : 0;
+    kvi_trace_result_derive(w, cfg, find, lag, best, res);
     free(find);
     free(lag);
 }

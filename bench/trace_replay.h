@@ -126,6 +126,21 @@ struct kvi_trace_run_result {
     double writer_busy_ms;             /* writers' time applying ops, summed */
 };
 
+struct kvi_hist;
+
+/**
+ * Fill the figures of @p res that follow from the run's counts, the same way
+ * for every mode (in process and end to end): totals and offered rates from
+ * @p w and @p cfg, achieved rates, the issue and keep-up verdicts (issued
+ * everything by 1.01 x the window; finished by 1.10 x), the find and lag
+ * percentiles, and the mean best depth of hit queries.
+ * Expects res->ops_issued, block_ops_issued, hit_queries, elapsed_ms and
+ * issue_end_ms to be set already.
+ */
+void kvi_trace_result_derive(const struct kvi_trace_workload *w, const struct kvi_trace_run_cfg *cfg,
+                             const struct kvi_hist *find, const struct kvi_hist *lag, uint64_t best_depth_sum,
+                             struct kvi_trace_run_result *res);
+
 /**
  * Replay @p w against a fresh instance of @p be (index, writer pool and lanes
  * are created and torn down here). The calling thread only waits and reports
