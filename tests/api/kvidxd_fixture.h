@@ -242,6 +242,37 @@ KFX_FN void kfx_start(struct kfx_daemon *d, const char *const *args, const char 
 }
 
 /*
+ * Start kvidxd with an ephemeral slot-tracker port (--slot-port auto) plus
+ * @p extra args (NULL-terminated, may be NULL); *sv becomes a copy of *d that
+ * talks to the slot port (stop the daemon through d).
+ */
+KFX_FN void kfx_start_slots(struct kfx_daemon *d, struct kfx_daemon *sv, const char *const *extra,
+                            const char *const *env)
+{
+    static unsigned seq;
+    char pf[128];
+    snprintf(pf, sizeof pf, "/tmp/kvidxd-slots-%d-%u.port", (int)getpid(), seq++);
+    unlink(pf);
+    const char *args[32] = {"--slot-port", "auto", "--slot-port-file", pf};
+    int n = 4;
+    for (int i = 0; extra != NULL && extra[i] != NULL; i++) {
+        if (n == 31)
+            fail_msg("kfx_start_slots: too many arguments");
+        args[n++] = extra[i];
+    }
+    args[n] = NULL;
+    kfx_start(d, args, env);
+    FILE *f = fopen(pf, "r");
+    unsigned p = 0;
+    if (f == NULL || fscanf(f, "%u", &p) != 1 || p == 0)
+        fail_msg("no slot port file %s", pf);
+    fclose(f);
+    unlink(pf);
+    *sv = *d;
+    sv->port = (uint16_t)p;
+}
+
+/*
  * Send `sig` and wait for the exit. @param ms  receives how long it took.
  * @return the exit status, 128 + signal when killed by one, -1 on timeout
  *         (the process is then killed).

@@ -30,33 +30,6 @@ static int teardown(void **state)
     return 0;
 }
 
-/*
- * Start kvidxd with an ephemeral slot port (plus @p extra args); *sv is a
- * copy of *d that talks to the slot port (use d to stop it).
- */
-static void start_slots(struct kfx_daemon *d, struct kfx_daemon *sv, const char *const *extra,
-                        const char *const *env)
-{
-    static unsigned seq;
-    char pf[128];
-    snprintf(pf, sizeof pf, "/tmp/kvidxd-slots-%d-%u.port", (int)getpid(), seq++);
-    unlink(pf);
-    const char *args[32] = {"--slot-port", "auto", "--slot-port-file", pf};
-    int n = 4;
-    for (int i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
-        args[n++] = extra[i];
-    args[n] = NULL;
-    kfx_start(d, args, env);
-    FILE *f = fopen(pf, "r");
-    unsigned p = 0;
-    if (f == NULL || fscanf(f, "%u", &p) != 1 || p == 0)
-        fail_msg("no slot port file %s", pf);
-    fclose(f);
-    unlink(pf);
-    *sv = *d;
-    sv->port = (uint16_t)p;
-}
-
 static void reg(struct kfx_daemon *sv, uint64_t w, const char *model, const char *tenant, uint32_t bs, uint32_t start,
                 uint32_t size, long status, const char *body)
 {
@@ -96,7 +69,7 @@ static void test_topology(void **state)
 {
     (void)state;
     struct kfx_daemon d, sv;
-    start_slots(&d, &sv, NULL, NULL);
+    kfx_start_slots(&d, &sv, NULL, NULL);
     kfx_expect_get(&sv, "/health", 200, "");
     reg(&sv, 7, "m", NULL, 16, 0, 2, 201, OK);
     reg(&sv, 3, "m", "default", 16, 4, 1, 201, OK);
@@ -146,7 +119,7 @@ static void test_lifecycle_and_loads(void **state)
 {
     (void)state;
     struct kfx_daemon d, sv;
-    start_slots(&d, &sv, NULL, NULL);
+    kfx_start_slots(&d, &sv, NULL, NULL);
     reg(&sv, 7, "m", NULL, 16, 0, 2, 201, OK);
     reg(&sv, 8, "m", NULL, 16, 0, 1, 201, OK);
     reg(&sv, 1, "b", NULL, 16, 0, 1, 201, OK);
@@ -245,7 +218,7 @@ static void test_framework_errors_and_h2(void **state)
     (void)state;
     struct kfx_daemon d, sv;
     const char *extra[] = {"--body-limit", "4096", NULL};
-    start_slots(&d, &sv, extra, NULL);
+    kfx_start_slots(&d, &sv, extra, NULL);
     struct kfx_resp r;
     assert_int_equal(kfx_get(&sv, "/nope", &r), 404);
     assert_string_equal(r.ctype, "application/json");
@@ -297,7 +270,7 @@ static void test_peers(void **state)
     (void)state;
     /* replica sync off: the reference's 409, and an empty list */
     struct kfx_daemon d, sv;
-    start_slots(&d, &sv, NULL, NULL);
+    kfx_start_slots(&d, &sv, NULL, NULL);
     kfx_expect(&sv, "/register_peer", "{\"url\":\"http://127.0.0.1:9\"}", 409, "{\"error\":\"replica sync is disabled\"}");
     kfx_expect(&sv, "/deregister_peer", "{\"url\":\"http://127.0.0.1:9\"}", 409,
                "{\"error\":\"replica sync is disabled\"}");
@@ -308,7 +281,7 @@ static void test_peers(void **state)
     /* on: 201 new, 200 known, sorted, 404 unknown, 400 bad or self */
     const char *extra[] = {"--replica-sync-peers", "http://127.0.0.1:9/,http://127.0.0.1:7", "--replica-sync-advertise",
                            "http://me:8091", NULL};
-    start_slots(&d, &sv, extra, NULL);
+    kfx_start_slots(&d, &sv, extra, NULL);
     kfx_expect_get(&sv, "/peers", 200, "[\"http://127.0.0.1:7\",\"http://127.0.0.1:9\"]");
     kfx_expect(&sv, "/register_peer", "{\"url\":\"http://127.0.0.1:8\"}", 201, OK);
     kfx_expect(&sv, "/register_peer", "{\"url\":\"http://127.0.0.1:8\"}", 200, OK);
@@ -330,7 +303,7 @@ static void test_admin_token(void **state)
     (void)state;
     struct kfx_daemon d, sv;
     const char *extra[] = {"--admin-token", "s3cret", "--replica-sync", NULL};
-    start_slots(&d, &sv, extra, NULL);
+    kfx_start_slots(&d, &sv, extra, NULL);
     const char *j = "{\"worker_id\":1,\"model_name\":\"m\",\"block_size\":16,\"dp_start\":0,\"dp_size\":1}";
     kfx_expect(&sv, "/register", j, 401, NULL);
     kfx_expect(&sv, "/register_peer", "{\"url\":\"http://x:1\"}", 401, NULL);

@@ -26,28 +26,7 @@ static int teardown(void **state)
     return 0;
 }
 
-static void start_slots(struct kfx_daemon *d, struct kfx_daemon *sv, const char *const *extra)
-{
-    static unsigned seq;
-    static const char *const env[] = {"DYN_KV_INDEXER_TEST_ENDPOINTS=1", NULL};
-    char pf[128];
-    snprintf(pf, sizeof pf, "/tmp/kvidxd-slots-repl-%d-%u.port", (int)getpid(), seq++);
-    unlink(pf);
-    const char *args[32] = {"--slot-port", "auto", "--slot-port-file", pf};
-    int n = 4;
-    for (int i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
-        args[n++] = extra[i];
-    args[n] = NULL;
-    kfx_start(d, args, env);
-    FILE *f = fopen(pf, "r");
-    unsigned p = 0;
-    if (f == NULL || fscanf(f, "%u", &p) != 1 || p == 0)
-        fail_msg("no slot port file %s", pf);
-    fclose(f);
-    unlink(pf);
-    *sv = *d;
-    sv->port = (uint16_t)p;
-}
+static const char *const test_routes_env[] = {"DYN_KV_INDEXER_TEST_ENDPOINTS=1", NULL};
 
 static void url_of(const struct kfx_daemon *sv, char *out, size_t cap)
 {
@@ -112,11 +91,11 @@ static void test_two_replicas(void **state)
     (void)state;
     struct kfx_daemon b, bs, a, as;
     const char *b_args[] = {"--replica-sync", NULL};
-    start_slots(&b, &bs, b_args);
+    kfx_start_slots(&b, &bs, b_args, test_routes_env);
     char b_url[64];
     url_of(&bs, b_url, sizeof b_url);
     const char *a_args[] = {"--replica-sync-peers", b_url, NULL};
-    start_slots(&a, &as, a_args);
+    kfx_start_slots(&a, &as, a_args, test_routes_env);
     kfx_expect_get(&as, "/peers", 200, NULL);
 
     /* the same registrations on both, except worker 9 (A only), model "x" (A only), "q" (other block size) */
@@ -182,11 +161,11 @@ static void test_queue_full(void **state)
     (void)state;
     struct kfx_daemon b, bs, a, as;
     const char *b_args[] = {"--replica-sync", NULL};
-    start_slots(&b, &bs, b_args);
+    kfx_start_slots(&b, &bs, b_args, test_routes_env);
     char b_url[64];
     url_of(&bs, b_url, sizeof b_url);
     const char *a_args[] = {"--replica-sync-peers", b_url, "--replica-sync-queue", "4", NULL};
-    start_slots(&a, &as, a_args);
+    kfx_start_slots(&a, &as, a_args, test_routes_env);
     reg(&as, 1, "m", 16, 1);
     reg(&bs, 1, "m", 16, 1);
     kfx_expect(&as, "/test/replica_sender", "{\"paused\":true}", 200, OK);
@@ -215,7 +194,7 @@ static void test_self_dead_peer_and_route(void **state)
     struct kfx_daemon a, as;
     /* a peer nobody listens on (port 1), then this replica itself */
     const char *a_args[] = {"--replica-sync-peers", "http://127.0.0.1:1", "--replica-sync-timeout-ms", "500", NULL};
-    start_slots(&a, &as, a_args);
+    kfx_start_slots(&a, &as, a_args, test_routes_env);
     reg(&as, 1, "m", 16, 1);
     int64_t t0 = kfx_now_ms();
     for (int i = 0; i < 20; i++) {

@@ -38,23 +38,6 @@ static int teardown(void **state)
     return 0;
 }
 
-static void start_slots(struct kfx_daemon *d, struct kfx_daemon *sv)
-{
-    char pf[128];
-    snprintf(pf, sizeof pf, "/tmp/kvidxd-slots-route-%d.port", (int)getpid());
-    unlink(pf);
-    const char *args[] = {"--slot-port", "auto", "--slot-port-file", pf, NULL};
-    kfx_start(d, args, NULL);
-    FILE *f = fopen(pf, "r");
-    unsigned p = 0;
-    if (f == NULL || fscanf(f, "%u", &p) != 1 || p == 0)
-        fail_msg("no slot port file %s", pf);
-    fclose(f);
-    unlink(pf);
-    *sv = *d;
-    sv->port = (uint16_t)p;
-}
-
 static void dyn_register(struct kfx_daemon *d, uint64_t id, const char *model, struct kvidx_pub *p)
 {
     char j[512];
@@ -135,7 +118,7 @@ static void test_overlap_load_weights_ties(void **state)
 {
     (void)state;
     struct kfx_daemon d, sv;
-    start_slots(&d, &sv);
+    kfx_start_slots(&d, &sv, NULL, NULL);
     struct kvidx_pub *p1, *p2;
     setup_index(&d, &p1, &p2);
     slot_reg(&sv, 1, "m", KFX_BS, 2);
@@ -277,7 +260,7 @@ static void test_commit_and_errors(void **state)
 {
     (void)state;
     struct kfx_daemon d, sv;
-    start_slots(&d, &sv);
+    kfx_start_slots(&d, &sv, NULL, NULL);
     struct kvidx_pub *p1, *p2;
     setup_index(&d, &p1, &p2);
     slot_reg(&sv, 1, "m", KFX_BS, 2);
@@ -366,7 +349,7 @@ static void test_concurrent_commits_are_atomic(void **state)
 {
     (void)state;
     struct kfx_daemon d, sv;
-    start_slots(&d, &sv);
+    kfx_start_slots(&d, &sv, NULL, NULL);
     slot_reg(&sv, 1, "n", 4, 1);
     slot_reg(&sv, 2, "n", 4, 1);
     /* every commit sees the ones before it: the least-loaded rank alternates, 10 and 10 */

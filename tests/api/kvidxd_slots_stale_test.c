@@ -24,24 +24,6 @@ static int teardown(void **state)
     return 0;
 }
 
-static void start_slots(struct kfx_daemon *d, struct kfx_daemon *sv, const char *const *env)
-{
-    static unsigned seq;
-    char pf[128];
-    snprintf(pf, sizeof pf, "/tmp/kvidxd-slots-stale-%d-%u.port", (int)getpid(), seq++);
-    unlink(pf);
-    const char *args[] = {"--slot-port", "auto", "--slot-port-file", pf, NULL};
-    kfx_start(d, args, env);
-    FILE *f = fopen(pf, "r");
-    unsigned p = 0;
-    if (f == NULL || fscanf(f, "%u", &p) != 1 || p == 0)
-        fail_msg("no slot port file %s", pf);
-    fclose(f);
-    unlink(pf);
-    *sv = *d;
-    sv->port = (uint16_t)p;
-}
-
 static void add(struct kfx_daemon *sv, const char *rid, const char *hashes, uint64_t isl)
 {
     char j[512];
@@ -89,7 +71,7 @@ static void test_ticker(void **state)
     (void)state;
     const char *env[] = {"DYN_KV_INDEXER_TEST_ENDPOINTS=1", NULL};
     struct kfx_daemon d, sv;
-    start_slots(&d, &sv, env);
+    kfx_start_slots(&d, &sv, NULL, env);
     kfx_expect(&sv, "/register", "{\"worker_id\":1,\"model_name\":\"m\",\"block_size\":4,\"dp_start\":0,\"dp_size\":1}",
                201, OK);
     add(&sv, "old", "1,2,3", 30);
@@ -125,7 +107,7 @@ static void test_lazy_on_add(void **state)
     (void)state;
     const char *env[] = {"DYN_KV_INDEXER_TEST_ENDPOINTS=1", NULL};
     struct kfx_daemon d, sv;
-    start_slots(&d, &sv, env);
+    kfx_start_slots(&d, &sv, NULL, env);
     kfx_expect(&sv, "/register", "{\"worker_id\":1,\"model_name\":\"m\",\"block_size\":4,\"dp_start\":0,\"dp_size\":1}",
                201, OK);
     add(&sv, "a", "1,2", 10);
