@@ -600,6 +600,9 @@ static int parse_cache_group(struct kvi_pctx *c, const struct kvi_field *f, void
         return body_err(c);
     if (r == KVI_NUM_FLOAT)
         return cond_err(c, "invalid_type", f->name, -1, "cache_group must be an integer or null");
+    if (r == KVI_NUM_BIG)
+        return cond_err(c, "unsupported", f->name, -1,
+                        "cache_group beyond the 64-bit range is not supported (only 0)");
     if (r != 0 || n.mag != 0)
         return cond_err(c, "unsupported", f->name, -1,
                         "cache_group %s%llu is not supported (only 0)", n.neg ? "-" : "",

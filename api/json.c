@@ -775,6 +775,7 @@ int kvi_rd_str(struct kvi_rd *rd, struct kvi_str *out)
 
 int kvi_rd_num(struct kvi_rd *rd, struct kvi_num *out)
 {
+    *out = (struct kvi_num){0}; /* defined on every return, not only 0 */
     if (rd->err)
         return rd->err;
     if (rd->enc == KVI_ENC_MSGPACK)

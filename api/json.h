@@ -209,7 +209,8 @@ int kvi_rd_arr_next(struct kvi_rd *rd);
 
 /** Read a string (unescaped; zero-copy when it has no escapes). */
 int kvi_rd_str(struct kvi_rd *rd, struct kvi_str *out);
-/** Read a number: 0, KVI_NUM_FLOAT, KVI_NUM_BIG, KVI_RD_TYPE or -EBADMSG. */
+/** Read a number: 0, KVI_NUM_FLOAT, KVI_NUM_BIG, KVI_RD_TYPE or -EBADMSG. *out is
+ *  filled on 0 and zeroed on every other result. */
 int kvi_rd_num(struct kvi_rd *rd, struct kvi_num *out);
 /** Read a boolean. */
 int kvi_rd_bool(struct kvi_rd *rd, bool *out);
