@@ -2363,6 +2363,51 @@ static void test_reserve(void **state)
     kvi_index_destroy(ix);
 }
 
+/* kvi_index_prefix_keys (the query side) equals the key chain computed from
+ * its definition, for short lengths and a long run, and writes nothing past
+ * n: stores chain keys one block at a time and queries must agree bit for
+ * bit, whatever way either is computed (a vectorised version was tried and
+ * checked against this; README, Performance). */
+static void test_prefix_keys_match_definition(void **state)
+{
+    (void)state;
+    struct kvi_index_config ic = {.block_size = 16, .n_parts = 1, .key_seed = 7};
+    struct kvi_index *ix = kvi_index_create(&ic);
+    assert_non_null(ix);
+    enum { N = 1037 };
+    uint64_t *c = malloc(N * sizeof *c), *got = malloc(N * sizeof *got), *want = malloc(N * sizeof *want);
+    uint64_t rng = 99;
+    for (size_t i = 0; i < N; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        c[i] = rng ^ (rng >> 29);
+    }
+    c[3] = 0;
+    c[4] = UINT64_MAX;
+    uint64_t k = ix->kseed;
+    for (size_t i = 0; i < N; i++) {
+        uint64_t x = (c[i] ^ ix->kxor) + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull;
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdull;
+        x ^= x >> 33;
+        x *= 0xc4ceb9fe1a85ec53ull;
+        x ^= x >> 33;
+        want[i] = k += x;
+    }
+    for (size_t n = 0; n <= 70; n++) {
+        memset(got, 0, N * sizeof *got);
+        kvi_index_prefix_keys(ix, c, n, got);
+        assert_memory_equal(got, want, n * sizeof *got);
+        if (n < N)
+            assert_int_equal(got[n], 0); /* nothing written past n */
+    }
+    kvi_index_prefix_keys(ix, c, N, got);
+    assert_memory_equal(got, want, N * sizeof *got);
+    free(c);
+    free(got);
+    free(want);
+    kvi_index_destroy(ix);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -2383,6 +2428,7 @@ int main(void)
         cmocka_unit_test(test_destroy_after_shared_entry_released),
         cmocka_unit_test(test_dump_and_clear_emptied_slot),
         cmocka_unit_test(test_create_invalid),
+        cmocka_unit_test(test_prefix_keys_match_definition),
         cmocka_unit_test(test_s01_store_then_find),
         cmocka_unit_test(test_s02_partial_match),
         cmocka_unit_test(test_s03_remove_all),
