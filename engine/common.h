@@ -86,6 +86,17 @@ static inline void *kvi_xrealloc_(void *old, size_t n, const char *file, int lin
 #define kvi_xcalloc(n, sz) kvi_xcalloc_((n), (sz), __FILE__, __LINE__)
 #define kvi_xrealloc(p, n) kvi_xrealloc_((p), (n), __FILE__, __LINE__)
 
+/* Busy-wait hint for spin loops (PAUSE on x86: yields the pipeline to the
+ * sibling hyperthread and avoids a memory-order flush when the loop exits). */
+static inline void kvi_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* Add to a counter that only one thread writes (others may read it):
  * a relaxed load/store pair, cheaper than an atomic read-modify-write. */
 static inline void kvi_relaxed_add(_Atomic uint64_t *c, uint64_t v)

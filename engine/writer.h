@@ -13,7 +13,7 @@
  * is full it wakes the writer and waits (spinning, then yielding) until there
  * is room, counting the stall.
  *
- * Writers sleep on a futex when every ring is empty; producers wake a writer
+ * Writers poll their empty rings for 20 us, then sleep on a futex; producers wake a writer
  * only when they see it asleep. Each writer binds itself to its own jemalloc
  * arena, so all index memory of its partitions lives there, and reclaims
  * retired memory (after an RCU grace period) whenever it goes idle.
