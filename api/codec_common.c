@@ -283,10 +283,37 @@ int kvi_err_encode(const struct kvi_api_err *e, enum kvi_dialect d, enum kvi_bod
     return kvi_buf_ok(out) ? 0 : -ENOMEM;
 }
 
+/*
+ * Copy at most @p max bytes of @p p into @p out (room for max + 1, always
+ * NUL-terminated): whole UTF-8 characters only, every byte that starts none
+ * (and NUL) replaced by '?'. For raw request bytes quoted in an answer,
+ * which must stay valid UTF-8 (a request path is not checked by the server).
+ */
+static void utf8_quote(char *out, size_t max, const char *p, size_t len)
+{
+    const uint8_t *s = (const uint8_t *)p, *end = s + len;
+    size_t o = 0;
+    while (s < end) {
+        size_t k = *s >= 0x80 ? kvi__utf8_seq(s, end) : (*s != 0);
+        if (o + (k ? k : 1) > max)
+            break;
+        if (k == 0) {
+            out[o++] = '?';
+            s++;
+            continue;
+        }
+        memcpy(out + o, s, k);
+        o += k;
+        s += k;
+    }
+    out[o] = '\0';
+}
+
 int kvi_err_unknown_path(struct kvi_api_err *e, const char *path, size_t len)
 {
-    return kvi_err__set(e, 404, NULL, NULL, -1, "not found: %.*s", (int)(len > 200 ? 200 : len),
-                        path);
+    char shown[201];
+    utf8_quote(shown, sizeof(shown) - 1, path, len);
+    return kvi_err__set(e, 404, NULL, NULL, -1, "not found: %s", shown);
 }
 
 int kvi_err_method(struct kvi_api_err *e)

@@ -176,7 +176,9 @@ int kvi_cond_parse_query_by_hash(const void *body, size_t len, enum kvi_ctype ct
 
 /* ---- handler-detected errors ------------------------------------------------------- */
 
-#define SF(s) (int)((s).len > 200 ? 200 : (s).len), (s).p
+/* A quoted string: at most 200 bytes, cut on a UTF-8 character boundary (the
+ * answer is JSON or text/plain; charset=utf-8). */
+#define SF(s) (int)kvi_utf8_prefix((s).p, (s).len, 200), (s).p
 
 int kvi_cond_err_conflict(struct kvi_api_err *e, struct kvi_str instance, struct kvi_str tenant,
                           uint32_t rank)

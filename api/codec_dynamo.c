@@ -47,12 +47,13 @@ int kvi_dyn_parse_register(const void *body, size_t len, enum kvi_ctype ct, stru
     const char *why;
     if (!kvi_endpoint_valid(out->endpoint.p, out->endpoint.len, &why))
         return kvi_err__set(err, 400, NULL, NULL, -1, "invalid endpoint `%.*s`: %s",
-                            (int)(out->endpoint.len > 200 ? 200 : out->endpoint.len),
+                            (int)kvi_utf8_prefix(out->endpoint.p, out->endpoint.len, 200),
                             out->endpoint.p, why);
     if (out->has_replay &&
         !kvi_endpoint_valid(out->replay_endpoint.p, out->replay_endpoint.len, &why))
         return kvi_err__set(err, 400, NULL, NULL, -1, "invalid replay_endpoint `%.*s`: %s",
-                            (int)(out->replay_endpoint.len > 200 ? 200 : out->replay_endpoint.len),
+                            (int)kvi_utf8_prefix(out->replay_endpoint.p, out->replay_endpoint.len,
+                                                 200),
                             out->replay_endpoint.p, why);
     return 0;
 }
@@ -238,7 +239,9 @@ int kvi_dyn_parse_workers_filter(const char *query, size_t len, struct kvi_scrat
 
 /* ---- handler-detected errors ------------------------------------------------------ */
 
-#define SF(s) (int)((s).len > 200 ? 200 : (s).len), (s).p
+/* A quoted string: at most 200 bytes, cut on a UTF-8 character boundary (the
+ * answer is JSON, which must stay valid UTF-8). */
+#define SF(s) (int)kvi_utf8_prefix((s).p, (s).len, 200), (s).p
 
 int kvi_dyn_err_instance_elsewhere(struct kvi_api_err *e, uint64_t id, struct kvi_str model,
                                    struct kvi_str tenant)

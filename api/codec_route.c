@@ -45,6 +45,7 @@ static const char *const key_names[B_COUNT] = {
 struct pctx {
     struct kvi_rd rd;
     const uint8_t *body;
+    struct kvi_scratch *s;
     struct kvi_api_err *err;
 };
 
@@ -150,13 +151,14 @@ static int read_weight(struct pctx *c, const char *field, double *out)
                 memcpy(&v, &b, 8);
             }
         } else {
-            char tmp[64];
+            /* strtod needs a terminated copy; the reader checked the syntax (no hex, inf or nan) */
+            char tmp[64], *txt = tmp;
             size_t len = kvi_rd_offset(&c->rd) - off;
-            if (len >= sizeof(tmp))
-                return data_err(c, off, field, "invalid value: number too long, expected a number");
-            memcpy(tmp, c->body + off, len);
-            tmp[len] = '\0';
-            v = strtod(tmp, NULL);
+            if (len >= sizeof(tmp) && (txt = kvi_scratch_alloc(c->s, len + 1)) == NULL)
+                return kvi_err__set(c->err, 500, NULL, NULL, -1, "out of memory while parsing the request body");
+            memcpy(txt, c->body + off, len);
+            txt[len] = '\0';
+            v = strtod(txt, NULL);
         }
     } else {
         return check(c, r, field, "a number");
@@ -299,7 +301,7 @@ int kvi_route_parse(const void *body, size_t len, enum kvi_ctype ct, struct kvi_
     if (ct != KVI_CT_JSON && ct != KVI_CT_MSGPACK)
         return kvi_err__set(err, 415, NULL, NULL, -1,
                             "Expected request with `Content-Type: application/json` or `application/msgpack`");
-    struct pctx c = {.body = body, .err = err};
+    struct pctx c = {.body = body, .s = s, .err = err};
     kvi_rd_init(&c.rd, body, len, ct == KVI_CT_MSGPACK ? KVI_ENC_MSGPACK : KVI_ENC_JSON, s);
     size_t off = 0;
     int r = kvi_rd_obj_begin(&c.rd);
@@ -498,7 +500,9 @@ static void rw_v_bool(struct rw *w, bool v)
         kvi_buf_puts(w->b, v ? "true" : "false");
 }
 
-/* A float: msgpack float64; JSON the shortest of %.15g / %.17g that reads back exactly, with ".0" for integers. */
+/* A float: msgpack float64; JSON the shortest of %.15g / %.17g that reads back exactly, with ".0" for
+ * integers, and null for a non-finite value (JSON has none; serde_json writes null too). A cost is
+ * infinite when a huge weight (above ~1e289) meets a large prefill. */
 static void rw_v_f64(struct rw *w, double v)
 {
     rw_sep(w);
@@ -506,6 +510,10 @@ static void rw_v_f64(struct rw *w, double v)
         uint64_t bits;
         memcpy(&bits, &v, 8);
         rw_be(w, 0xcb, bits, 8);
+        return;
+    }
+    if (!isfinite(v)) {
+        kvi_buf_puts(w->b, "null");
         return;
     }
     char tmp[40];
@@ -583,7 +591,8 @@ int kvi_route_encode(const struct kvi_route_answer *a, const struct kvi_route_pa
     return kvi_buf_ok(out) ? 0 : -ENOMEM;
 }
 
-#define SK(s) (int)((s).len > 200 ? 200 : (s).len), ((s).len > 0 ? (s).p : "")
+/* A quoted string: at most 200 bytes, cut on a UTF-8 character boundary. */
+#define SK(s) (int)kvi_utf8_prefix((s).len > 0 ? (s).p : "", (s).len, 200), ((s).len > 0 ? (s).p : "")
 
 int kvi_route_err_block_size(struct kvi_api_err *e, struct kvi_str model, struct kvi_str tenant,
                              uint32_t index_bs, uint32_t tracker_bs)

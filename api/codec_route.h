@@ -51,7 +51,9 @@
  *        "new_prefill_tokens","potential_prefill_tokens","prefill_blocks",
  *        "potential_decode_blocks","active_requests","cost"}, ...]}  ranked
  *   Weights, prefill_blocks and cost are floats (JSON: shortest text that
- *   reads back exactly; msgpack: float64); the rest are unsigned integers.
+ *   reads back exactly, null for a cost that overflows to infinity, which
+ *   takes a weight above ~1e289; msgpack: float64); the rest are unsigned
+ *   integers.
  *
  * ERROR CONVENTION, OWNERSHIP, THREAD-SAFETY: as api/codec.h.
  */

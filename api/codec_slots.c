@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "api/codec_internal.h"
+#include "engine/common.h"
 
 #define F(name, kind, flags, bit, type, member)                                                    \
     {name, kind, flags, bit, (uint16_t)offsetof(type, member), 0}
@@ -256,9 +257,193 @@ int kvi_slot_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct 
     return r;
 }
 
+/* ---- replica events (kvidx's sync route) ---------------------------------------------------- */
+
+/* The replica batch's own small parser (not the table parser: a batch is an
+ * array of tagged objects, msgpack from senders, JSON accepted too). */
+struct rparse {
+    struct kvi_rd rd;
+    struct kvi_api_err *err;
+    size_t idx; /* event being parsed */
+};
+
+static int rp_fail(struct rparse *c, const char *field, const char *what)
+{
+    if (c->rd.err == -ENOMEM)
+        return kvi_err__set(c->err, 500, NULL, NULL, -1,
+                            "out of memory while parsing the request body");
+    if (c->rd.err != 0)
+        return kvi_err__set(c->err, 400, NULL, NULL, -1,
+                            "Failed to parse the replica batch: %s at byte %zu", c->rd.err_what,
+                            c->rd.err_off);
+    if (field[0] == '\0')
+        return kvi_err__set(c->err, 422, NULL, NULL, -1,
+                            "invalid replica batch: events[%zu]: expected %s", c->idx, what);
+    return kvi_err__set(c->err, 422, NULL, NULL, -1,
+                        "invalid replica batch: events[%zu].%s: expected %s", c->idx, field, what);
+}
+
+static int rp_u64(struct rparse *c, const char *field, uint64_t max, uint64_t *out)
+{
+    struct kvi_num n = {0};
+    int r = kvi_rd_num(&c->rd, &n);
+    if (r != 0 || n.neg || n.mag > max)
+        return rp_fail(c, field, "an unsigned integer");
+    *out = n.mag;
+    return 0;
+}
+
+static int rp_str(struct rparse *c, const char *field, const char **p, size_t *len)
+{
+    struct kvi_str s;
+    if (kvi_rd_str(&c->rd, &s) != 0)
+        return rp_fail(c, field, "a string");
+    *p = s.p != NULL ? s.p : "";
+    *len = s.len;
+    return 0;
+}
+
+static int rp_event(struct rparse *c, struct kvi_slots_event *ev)
+{
+    memset(ev, 0, sizeof(*ev));
+    if (kvi_rd_obj_begin(&c->rd) != 0)
+        return rp_fail(c, "", "an object");
+    struct kvi_str k, type = {0};
+    unsigned seen = 0;
+    uint64_t v = 0;
+    int r;
+    struct kvi_slots_request *q = &ev->req;
+    q->key.tenant = "default";
+    q->key.tenant_len = 7;
+    while ((r = kvi_rd_obj_next(&c->rd, &k)) == 1) {
+        if (kvi_str_eq(k, "type")) {
+            if (kvi_rd_str(&c->rd, &type) != 0)
+                return rp_fail(c, "type", "a string");
+            seen |= 1;
+        } else if (kvi_str_eq(k, "model_name")) {
+            if (rp_str(c, "model_name", &q->key.model, &q->key.model_len) != 0)
+                return -EINVAL;
+            seen |= 2;
+        } else if (kvi_str_eq(k, "tenant_id")) {
+            if (rp_str(c, "tenant_id", &q->key.tenant, &q->key.tenant_len) != 0)
+                return -EINVAL;
+        } else if (kvi_str_eq(k, "request_id")) {
+            if (rp_str(c, "request_id", &q->request_id, &q->request_id_len) != 0)
+                return -EINVAL;
+            seen |= 4;
+        } else if (kvi_str_eq(k, "block_size")) {
+            if (rp_u64(c, "block_size", UINT32_MAX, &v) != 0)
+                return -EINVAL;
+            ev->block_size = (uint32_t)v;
+            seen |= 8;
+        } else if (kvi_str_eq(k, "worker_id")) {
+            if (rp_u64(c, "worker_id", UINT64_MAX, &q->worker_id) != 0)
+                return -EINVAL;
+            seen |= 16;
+        } else if (kvi_str_eq(k, "dp_rank")) {
+            if (rp_u64(c, "dp_rank", UINT32_MAX, &v) != 0)
+                return -EINVAL;
+            q->dp_rank = (uint32_t)v;
+            seen |= 32;
+        } else if (kvi_str_eq(k, "new_isl_tokens")) {
+            if (rp_u64(c, "new_isl_tokens", UINT64_MAX, &q->new_isl_tokens) != 0)
+                return -EINVAL;
+        } else if (kvi_str_eq(k, "sequence_hashes")) {
+            uint64_t *h;
+            size_t n;
+            struct kvi_elem_err ee;
+            if (kvi_rd_u64_array(&c->rd, INT64_MIN, UINT64_MAX, &h, &n, &ee) != 0)
+                return rp_fail(c, "sequence_hashes", "an array of 64-bit integers");
+            q->hashes = h;
+            q->n_hashes = n;
+        } else if (kvi_rd_skip(&c->rd) != 0) {
+            return rp_fail(c, "", "a value");
+        }
+    }
+    if (r < 0)
+        return rp_fail(c, "", "an object");
+    static const char *const req_names[] = {"type",       "model_name", "request_id",
+                                            "block_size", "worker_id",  "dp_rank"};
+    for (unsigned i = 0; i < 6; i++)
+        if (!(seen & (1u << i)))
+            return kvi_err__set(c->err, 422, NULL, NULL, -1,
+                                "invalid replica batch: events[%zu]: missing field `%s`", c->idx,
+                                req_names[i]);
+    if (kvi_str_eq(type, "add"))
+        ev->type = KVI_SLOTS_EV_ADD;
+    else if (kvi_str_eq(type, "prefill_complete"))
+        ev->type = KVI_SLOTS_EV_PREFILL_COMPLETE;
+    else if (kvi_str_eq(type, "free"))
+        ev->type = KVI_SLOTS_EV_FREE;
+    else
+        return rp_fail(c, "type", "\"add\", \"prefill_complete\" or \"free\"");
+    return 0;
+}
+
+/* A container or top-level failure: the reader's (400) or a 422 @p what. */
+static int rp_shape(struct rparse *c, const char *what)
+{
+    if (c->rd.err != 0)
+        return rp_fail(c, "", "");
+    return kvi_err__set(c->err, 422, NULL, NULL, -1, "invalid replica batch: %s", what);
+}
+
+int kvi_slot_parse_replica(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
+                           struct kvi_str *source, struct kvi_slots_event **evs, size_t *n_out,
+                           struct kvi_api_err *err)
+{
+    *evs = NULL;
+    *n_out = 0;
+    *source = (struct kvi_str){NULL, 0};
+    if (ct != KVI_CT_JSON && ct != KVI_CT_MSGPACK)
+        return kvi_err__set(err, 415, NULL, NULL, -1,
+                            "Expected request with `Content-Type: application/msgpack` or "
+                            "`application/json`");
+    struct rparse c = {.err = err};
+    kvi_rd_init(&c.rd, body, len, ct == KVI_CT_MSGPACK ? KVI_ENC_MSGPACK : KVI_ENC_JSON, s);
+    if (kvi_rd_obj_begin(&c.rd) != 0)
+        return rp_shape(&c, "expected an object");
+    struct kvi_str k;
+    int r;
+    bool have_events = false;
+    size_t cap = 0;
+    while ((r = kvi_rd_obj_next(&c.rd, &k)) == 1) {
+        if (kvi_str_eq(k, "source")) {
+            if (kvi_rd_str(&c.rd, source) != 0)
+                return rp_shape(&c, "source: expected a string");
+        } else if (kvi_str_eq(k, "events")) {
+            if (kvi_rd_arr_begin(&c.rd) != 0)
+                return rp_shape(&c, "events: expected an array");
+            have_events = true;
+            while ((r = kvi_rd_arr_next(&c.rd)) == 1) {
+                if (*n_out == cap) {
+                    cap = cap ? 2 * cap : 64;
+                    *evs = kvi_xrealloc(*evs, cap * sizeof(**evs));
+                }
+                c.idx = *n_out;
+                if (rp_event(&c, &(*evs)[*n_out]) != 0)
+                    return -EINVAL;
+                (*n_out)++;
+            }
+            if (r < 0)
+                return rp_fail(&c, "", "");
+        } else if (kvi_rd_skip(&c.rd) != 0) {
+            return rp_fail(&c, "", "");
+        }
+    }
+    if (r < 0 || kvi_rd_finish(&c.rd) != 0)
+        return rp_fail(&c, "", "");
+    if (!have_events)
+        return kvi_err__set(err, 422, NULL, NULL, -1,
+                            "invalid replica batch: missing field `events`");
+    return 0;
+}
+
 /* ---- errors ------------------------------------------------------------------------------ */
 
-#define SK(p, n) (int)((n) > 200 ? 200 : (n)), ((n) > 0 ? (p) : "")
+/* A quoted string: at most 200 bytes, cut on a UTF-8 character boundary (the
+ * answer is JSON, which must stay valid UTF-8). */
+#define SK(p, n) (int)kvi_utf8_prefix((n) > 0 ? (p) : "", (n), 200), ((n) > 0 ? (p) : "")
 
 int kvi_slot_err_engine(struct kvi_api_err *e, const struct kvi_slots_err *why,
                         const struct kvi_slots_key *key, const char *request_id,

@@ -18,6 +18,7 @@
  *   | POST /potential_loads  | kvi_slot_parse_potential, _encode_potential | 200 [...]  |
  *   | POST /register_peer    | kvi_slot_parse_peer                 | 201 new, 200 known (handler) |
  *   | POST /deregister_peer  | kvi_slot_parse_peer                 | 200; 404 kvi_slot_err_peer_not_found |
+ *   | POST /replica/events   | kvi_slot_parse_replica              | 200 {"applied","dropped"} |
  *   | GET  /peers            | kvi_slot_encode_peers               | 200 [...] sorted   |
  *   | GET  /health           | -                                   | 200, empty body    |
  *   Engine failures become answers with kvi_slot_err_engine() (404, 409 or
@@ -133,6 +134,24 @@ int kvi_slot_parse_filter(const char *query, size_t len, struct kvi_scratch *s,
 /** POST /register_peer and /deregister_peer: {"url": "..."}. Returns as above. */
 int kvi_slot_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
                         struct kvi_str *url, struct kvi_api_err *err);
+
+/**
+ * POST /replica/events (kvidx's replica sync, api/slot_service.h): a batch
+ * {"source": "<16 hex digits>", "events": [event, ...]}, msgpack (what
+ * senders write) or JSON. An event: {"type": "add"|"prefill_complete"|"free",
+ * "model_name", "tenant_id" (default "default"), "block_size", "request_id",
+ * "worker_id", "dp_rank", "sequence_hashes" (i64 or u64 values),
+ * "new_isl_tokens"}; unknown keys are ignored. @p ct must be JSON or msgpack.
+ * @param source  the sender's id, {NULL, 0} when absent
+ * @param evs     receives a malloc'd array of *n events (NULL when none);
+ *                the caller frees it, on failure too. Strings and hashes
+ *                point into @p body or @p s.
+ * @return 0, or -EINVAL (415; 400 malformed body; 422 "invalid replica
+ *         batch: ...") / -ENOMEM (500) with @p err filled.
+ */
+int kvi_slot_parse_replica(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
+                           struct kvi_str *source, struct kvi_slots_event **evs, size_t *n,
+                           struct kvi_api_err *err);
 
 /* ---- errors ------------------------------------------------------------------------------ */
 

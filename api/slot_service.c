@@ -436,7 +436,7 @@ static const char *ev_type_name(enum kvi_slots_event_type t)
     }
 }
 
-/* Encode one event as the msgpack map the receiver parses (api/routes_slots.c). */
+/* Encode one event as the msgpack map the receiver parses (kvi_slot_parse_replica, api/codec_slots.c). */
 static void ev_encode(struct kvi_buf *b, const struct kvi_slots_event *ev)
 {
     const struct kvi_slots_request *r = &ev->req;

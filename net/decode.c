@@ -791,7 +791,7 @@ static inline const uint8_t *tok_pair(const uint8_t *p, uint32_t *out, uint32_t 
     memcpy(&w, p, sizeof w);
     uint32_t b0 = (uint32_t)(w & 0xff), l0 = tok_len(b0);
     uint32_t b1 = (uint32_t)(w >> ((8 * l0) & 63)) & 0xff, l1 = tok_len(b1); /* l0 <= 5 unless !ok */
-    *ok &= tok_simple(b0) & tok_simple(b1);
+    *ok &= (uint32_t)tok_simple(b0) & (uint32_t)tok_simple(b1); /* branch-free: both are pure */
     const uint8_t *q = p + l0;
     out[0] = tok_val(__builtin_bswap64(w), l0);
     out[1] = tok_val(be64(q), l1);

@@ -20,6 +20,10 @@
  *     > 0, endpoints valid, Conductor strings non-empty, "default" tenants,
  *     instance_id present unless Mooncake, ranks <= INT_MAX, array lengths
  *     bounded by the body) and every string and array readable in full;
+ *   - success: the errors a handler builds from the parsed strings
+ *     (kvi_dyn_err_*, kvi_cond_err_*: conflicts, unknown instances) encode
+ *     to valid answers, UTF-8 included, however long the strings are; so
+ *     does the 404 quoting an unknown path (any bytes);
  *   - determinism: parsing again after kvi_scratch_reset gives the same
  *     result;
  *   - JSON and msgpack agree: a JSON body that parses as JSON is transcoded
@@ -35,6 +39,7 @@
 
 #include "api/codec.h"
 #include "fuzz.h"
+#include "fuzz_body.h"
 #include "net/endpoint.h"
 
 enum op {
@@ -76,17 +81,6 @@ static bool is_conductor(enum op op)
 
 /* ---- checks of parsed values -------------------------------------------------- */
 
-static void dig_kstr(struct fz_dig *d, struct kvi_str s)
-{
-    FZ_CHECK(s.len == 0 || s.p != NULL);
-    fz_dig_bytes(d, s.p, s.len);
-}
-
-static bool kstr_is(struct kvi_str s, const char *lit)
-{
-    return s.len == strlen(lit) && memcmp(s.p, lit, s.len) == 0;
-}
-
 static void check_endpoint(struct kvi_str s)
 {
     FZ_CHECK(s.len > 0 && kvi_endpoint_check(s.p, s.len) == NULL);
@@ -94,11 +88,11 @@ static void check_endpoint(struct kvi_str s)
 
 static void check_hash_profile(struct fz_dig *d, const struct kvi_hash_profile *hp)
 {
-    dig_kstr(d, hp->strategy);
-    dig_kstr(d, hp->algorithm);
-    dig_kstr(d, hp->python_hash_seed);
-    dig_kstr(d, hp->root_digest);
-    dig_kstr(d, hp->index_projection);
+    fz_dig_kstr(d, hp->strategy);
+    fz_dig_kstr(d, hp->algorithm);
+    fz_dig_kstr(d, hp->python_hash_seed);
+    fz_dig_kstr(d, hp->root_digest);
+    fz_dig_kstr(d, hp->index_projection);
 }
 
 /* Check the guarantees of a successful parse; @return its digest. */
@@ -117,11 +111,11 @@ static uint64_t check_parsed(enum op op, const union parsed *o, size_t len)
         fz_dig_u64(&d, r->block_size);
         fz_dig_u64(&d, r->dp_rank);
         fz_dig_u64(&d, (uint64_t)r->has_replay << 1 | r->has_salt);
-        dig_kstr(&d, r->endpoint);
-        dig_kstr(&d, r->model_name);
-        dig_kstr(&d, r->tenant_id);
-        dig_kstr(&d, r->replay_endpoint);
-        dig_kstr(&d, r->additional_salt);
+        fz_dig_kstr(&d, r->endpoint);
+        fz_dig_kstr(&d, r->model_name);
+        fz_dig_kstr(&d, r->tenant_id);
+        fz_dig_kstr(&d, r->replay_endpoint);
+        fz_dig_kstr(&d, r->additional_salt);
         FZ_CHECK(r->tenant_id.p != NULL); /* given, or "default" */
         break;
     }
@@ -130,9 +124,9 @@ static uint64_t check_parsed(enum op op, const union parsed *o, size_t len)
         fz_dig_u64(&d, r->instance_id);
         fz_dig_u64(&d, r->has_dp_rank ? r->dp_rank : ~0ull);
         fz_dig_u64(&d, r->has_tenant);
-        dig_kstr(&d, r->model_name);
+        fz_dig_kstr(&d, r->model_name);
         if (r->has_tenant)
-            dig_kstr(&d, r->tenant_id);
+            fz_dig_kstr(&d, r->tenant_id);
         break;
     }
     case OP_DYN_QUERY: {
@@ -140,10 +134,10 @@ static uint64_t check_parsed(enum op op, const union parsed *o, size_t len)
         FZ_CHECK(q->n_tokens <= len && (q->n_tokens == 0 || q->token_ids != NULL));
         fz_dig_bytes(&d, q->token_ids, q->n_tokens * sizeof(uint32_t));
         FZ_CHECK(q->tenant_id.p != NULL);
-        dig_kstr(&d, q->model_name);
-        dig_kstr(&d, q->tenant_id);
-        dig_kstr(&d, q->lora_name);
-        dig_kstr(&d, q->cache_salt);
+        fz_dig_kstr(&d, q->model_name);
+        fz_dig_kstr(&d, q->tenant_id);
+        fz_dig_kstr(&d, q->lora_name);
+        fz_dig_kstr(&d, q->cache_salt);
         break;
     }
     case OP_DYN_QBH: {
@@ -151,12 +145,12 @@ static uint64_t check_parsed(enum op op, const union parsed *o, size_t len)
         FZ_CHECK(q->n_hashes <= len && (q->n_hashes == 0 || q->block_hashes != NULL));
         fz_dig_bytes(&d, q->block_hashes, q->n_hashes * sizeof(uint64_t));
         FZ_CHECK(q->tenant_id.p != NULL);
-        dig_kstr(&d, q->model_name);
-        dig_kstr(&d, q->tenant_id);
-        dig_kstr(&d, q->cache_salt);
+        fz_dig_kstr(&d, q->model_name);
+        fz_dig_kstr(&d, q->tenant_id);
+        fz_dig_kstr(&d, q->cache_salt);
         break;
     }
-    case OP_DYN_PEER: dig_kstr(&d, o->dpeer.url); break;
+    case OP_DYN_PEER: fz_dig_kstr(&d, o->dpeer.url); break;
     case OP_DYN_LCTL:
         fz_dig_u64(&d, o->dlctl.instance_id);
         fz_dig_u64(&d, o->dlctl.dp_rank);
@@ -175,13 +169,13 @@ static uint64_t check_parsed(enum op op, const union parsed *o, size_t len)
         fz_dig_u64(&d, r->dp_rank);
         fz_dig_u64(&d, (uint64_t)r->has_instance << 2 | (uint64_t)r->has_cache_group << 1 |
                            r->has_hash_profile);
-        dig_kstr(&d, r->endpoint);
-        dig_kstr(&d, r->replay_endpoint);
-        dig_kstr(&d, r->model_name);
-        dig_kstr(&d, r->lora_name);
-        dig_kstr(&d, r->tenant_id);
-        dig_kstr(&d, r->instance_id);
-        dig_kstr(&d, r->additional_salt);
+        fz_dig_kstr(&d, r->endpoint);
+        fz_dig_kstr(&d, r->replay_endpoint);
+        fz_dig_kstr(&d, r->model_name);
+        fz_dig_kstr(&d, r->lora_name);
+        fz_dig_kstr(&d, r->tenant_id);
+        fz_dig_kstr(&d, r->instance_id);
+        fz_dig_kstr(&d, r->additional_salt);
         if (r->has_hash_profile)
             check_hash_profile(&d, &r->hash_profile);
         break;
@@ -190,8 +184,8 @@ static uint64_t check_parsed(enum op op, const union parsed *o, size_t len)
         const struct kvi_cond_unregister *r = &o->cunreg;
         FZ_CHECK(r->instance_id.len > 0 && r->tenant_id.len > 0 && r->dp_rank <= INT_MAX);
         fz_dig_u64(&d, r->dp_rank);
-        dig_kstr(&d, r->instance_id);
-        dig_kstr(&d, r->tenant_id);
+        fz_dig_kstr(&d, r->instance_id);
+        fz_dig_kstr(&d, r->tenant_id);
         break;
     }
     case OP_COND_QUERY: {
@@ -201,11 +195,11 @@ static uint64_t check_parsed(enum op op, const union parsed *o, size_t len)
         FZ_CHECK(q->n_tokens <= len && (q->n_tokens == 0 || q->token_ids != NULL));
         fz_dig_bytes(&d, q->token_ids, q->n_tokens * sizeof(uint32_t));
         fz_dig_u64(&d, q->block_size);
-        dig_kstr(&d, q->model);
-        dig_kstr(&d, q->tenant_id);
-        dig_kstr(&d, q->lora_name);
-        dig_kstr(&d, q->instance_id);
-        dig_kstr(&d, q->cache_salt);
+        fz_dig_kstr(&d, q->model);
+        fz_dig_kstr(&d, q->tenant_id);
+        fz_dig_kstr(&d, q->lora_name);
+        fz_dig_kstr(&d, q->instance_id);
+        fz_dig_kstr(&d, q->cache_salt);
         break;
     }
     case OP_COND_QBH: {
@@ -215,11 +209,11 @@ static uint64_t check_parsed(enum op op, const union parsed *o, size_t len)
         FZ_CHECK(q->n_hashes <= len && (q->n_hashes == 0 || q->seq_hashes != NULL));
         fz_dig_bytes(&d, q->seq_hashes, q->n_hashes * sizeof(uint64_t));
         fz_dig_u64(&d, q->block_size);
-        dig_kstr(&d, q->model);
-        dig_kstr(&d, q->tenant_id);
-        dig_kstr(&d, q->lora_name);
-        dig_kstr(&d, q->instance_id);
-        dig_kstr(&d, q->cache_salt);
+        fz_dig_kstr(&d, q->model);
+        fz_dig_kstr(&d, q->tenant_id);
+        fz_dig_kstr(&d, q->lora_name);
+        fz_dig_kstr(&d, q->instance_id);
+        fz_dig_kstr(&d, q->cache_salt);
         break;
     }
     default: FZ_CHECK(!"not a body parser");
@@ -228,24 +222,6 @@ static uint64_t check_parsed(enum op op, const union parsed *o, size_t len)
 }
 
 /* ---- error answers -------------------------------------------------------------- */
-
-/* The encoded error must be one complete, valid document of its encoding. */
-static void check_doc(const struct kvi_buf *b, enum kvi_body_enc enc)
-{
-    size_t n = b->len;
-    if (enc == KVI_ENC_JSON) {
-        FZ_CHECK(fz_utf8_valid((const uint8_t *)b->data, n));
-        if (n > 0 && b->data[n - 1] == '\n')
-            n--;
-    }
-    struct kvi_scratch s;
-    kvi_scratch_init(&s);
-    struct kvi_rd rd;
-    kvi_rd_init(&rd, b->data, n, enc, &s);
-    FZ_CHECK(kvi_rd_peek(&rd) == KVI_VT_OBJ);
-    FZ_CHECK(kvi_rd_skip(&rd) == 0 && kvi_rd_finish(&rd) == 0);
-    kvi_scratch_free(&s);
-}
 
 static void check_error(const struct kvi_api_err *e, enum kvi_dialect dl)
 {
@@ -265,8 +241,75 @@ static void check_error(const struct kvi_api_err *e, enum kvi_dialect dl)
         FZ_CHECK(ct != NULL);
         bool mp = dl == KVI_DIALECT_CONDUCTOR && enc == KVI_ENC_MSGPACK;
         FZ_CHECK(strcmp(ct, mp ? KVI_MIME_MSGPACK : KVI_MIME_JSON) == 0);
-        check_doc(&b, mp ? KVI_ENC_MSGPACK : KVI_ENC_JSON);
+        fz_check_doc(&b, mp ? KVI_ENC_MSGPACK : KVI_ENC_JSON);
         kvi_buf_free(&b);
+    }
+}
+
+/* ---- handler errors that quote parsed strings ---------------------------------- */
+
+/* A handler-detected error: its answer is valid in every encoding (a JSON
+ * body valid UTF-8, a text body too) whatever the request's strings were. */
+static void check_handler_error(int rc, const struct kvi_api_err *e, enum kvi_dialect dl)
+{
+    FZ_CHECK(rc == -EINVAL);
+    FZ_CHECK(memchr(e->msg, '\0', sizeof(e->msg)) != NULL && e->msg[0] != '\0');
+    for (int enc = KVI_ENC_JSON; enc <= KVI_ENC_MSGPACK; enc++) {
+        struct kvi_buf b;
+        kvi_buf_init(&b);
+        const char *ct = NULL;
+        FZ_CHECK(kvi_err_encode(e, dl, (enum kvi_body_enc)enc, &b, &ct) == 0 && ct != NULL);
+        if (strcmp(ct, KVI_MIME_TEXT) == 0)
+            FZ_CHECK(fz_utf8_valid((const uint8_t *)b.data, b.len));
+        else
+            fz_check_doc(&b, strcmp(ct, KVI_MIME_MSGPACK) == 0 ? KVI_ENC_MSGPACK : KVI_ENC_JSON);
+        kvi_buf_free(&b);
+    }
+}
+
+/* The errors a handler answers for a request that parsed, built from its strings. */
+static void check_answers(enum op op, const union parsed *o)
+{
+    struct kvi_api_err e;
+    const enum kvi_dialect dy = KVI_DIALECT_DYNAMO, co = KVI_DIALECT_CONDUCTOR;
+    switch (op) {
+    case OP_DYN_REGISTER: {
+        const struct kvi_dyn_register *r = &o->dreg;
+        struct kvi_str m = r->model_name, t = r->tenant_id;
+        check_handler_error(kvi_dyn_err_instance_elsewhere(&e, r->instance_id, m, t), &e, dy);
+        check_handler_error(kvi_dyn_err_block_size(&e, m, t, 1, r->block_size), &e, dy);
+        check_handler_error(kvi_dyn_err_no_indexer(&e, m, t), &e, dy);
+        break;
+    }
+    case OP_DYN_UNREGISTER: {
+        const struct kvi_dyn_unregister *r = &o->dunreg;
+        struct kvi_str t = r->has_tenant ? r->tenant_id : (struct kvi_str){"default", 7};
+        check_handler_error(kvi_dyn_err_instance_other_ns(&e, r->instance_id, r->model_name, t), &e,
+                            dy);
+        break;
+    }
+    case OP_DYN_QUERY:
+        check_handler_error(kvi_dyn_err_no_indexer(&e, o->dq.model_name, o->dq.tenant_id), &e, dy);
+        break;
+    case OP_DYN_QBH:
+        check_handler_error(kvi_dyn_err_no_indexer(&e, o->dqh.model_name, o->dqh.tenant_id), &e,
+                            dy);
+        break;
+    case OP_COND_REGISTER: {
+        const struct kvi_cond_register *r = &o->creg;
+        check_handler_error(kvi_cond_err_conflict(&e, r->instance_id, r->tenant_id, r->dp_rank), &e,
+                            co);
+        check_handler_error(kvi_cond_err_endpoint_taken(&e, r->endpoint), &e, co);
+        check_handler_error(kvi_cond_err_hash_profile(&e, r->model_name), &e, co);
+        break;
+    }
+    case OP_COND_UNREGISTER: {
+        const struct kvi_cond_unregister *r = &o->cunreg;
+        int rc = kvi_cond_err_service_not_found(&e, r->instance_id, r->tenant_id, r->dp_rank);
+        check_handler_error(rc, &e, co);
+        break;
+    }
+    default: break;
     }
 }
 
@@ -310,6 +353,7 @@ static void run_parser(enum op op, const void *body, size_t len, enum kvi_ctype 
     res->rc = call_parser(op, body, len, ct, s, &o, &e);
     if (res->rc == 0) {
         res->dig = check_parsed(op, &o, len);
+        check_answers(op, &o);
         return;
     }
     FZ_CHECK(res->rc == -EINVAL);
@@ -333,170 +377,6 @@ static bool same_result(const struct result *a, const struct result *b)
     return strcmp(a->field, b->field) == 0;
 }
 
-/* ---- JSON -> msgpack transcoder ------------------------------------------------- */
-
-struct tc {
-    struct kvi_rd rd;
-    const uint8_t *body;
-    bool wide_ints;
-    bool wide_lens;
-};
-
-static void mp_be(struct kvi_buf *o, uint8_t tag, uint64_t v, int bytes)
-{
-    uint8_t b[9];
-    b[0] = tag;
-    for (int i = 0; i < bytes; i++)
-        b[1 + i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
-    kvi_buf_put(o, b, (size_t)bytes + 1);
-}
-
-/* A length header: fix form (@p fix_tag | n, when @p fix_max allows), else
- * the 8/16/32-bit forms @p t8 (0 = none), t16, t32. */
-static void mp_len(struct tc *t, struct kvi_buf *o, uint64_t n, uint8_t fix_tag, uint64_t fix_max,
-                   uint8_t t8, uint8_t t16, uint8_t t32)
-{
-    if (t->wide_lens)
-        mp_be(o, t32, n, 4);
-    else if (n <= fix_max)
-        kvi_buf_putc(o, (char)(fix_tag | n));
-    else if (t8 != 0 && n <= 0xff)
-        mp_be(o, t8, n, 1);
-    else if (n <= 0xffff)
-        mp_be(o, t16, n, 2);
-    else
-        mp_be(o, t32, n, 4);
-}
-
-static void mp_uint(struct tc *t, struct kvi_buf *o, uint64_t v)
-{
-    if (t->wide_ints)
-        mp_be(o, 0xcf, v, 8);
-    else if (v <= 0x7f)
-        kvi_buf_putc(o, (char)v);
-    else if (v <= 0xff)
-        mp_be(o, 0xcc, v, 1);
-    else if (v <= 0xffff)
-        mp_be(o, 0xcd, v, 2);
-    else if (v <= 0xffffffffu)
-        mp_be(o, 0xce, v, 4);
-    else
-        mp_be(o, 0xcf, v, 8);
-}
-
-static void mp_neg(struct tc *t, struct kvi_buf *o, int64_t v)
-{
-    uint64_t u = (uint64_t)v;
-    if (t->wide_ints)
-        mp_be(o, 0xd3, u, 8);
-    else if (v >= -32)
-        kvi_buf_putc(o, (char)(uint8_t)v);
-    else if (v >= INT8_MIN)
-        mp_be(o, 0xd0, u, 1);
-    else if (v >= INT16_MIN)
-        mp_be(o, 0xd1, u, 2);
-    else if (v >= INT32_MIN)
-        mp_be(o, 0xd2, u, 4);
-    else
-        mp_be(o, 0xd3, u, 8);
-}
-
-static void mp_str(struct tc *t, struct kvi_buf *o, struct kvi_str s)
-{
-    mp_len(t, o, s.len, 0xa0, 31, 0xd9, 0xda, 0xdb);
-    kvi_buf_put(o, s.p, s.len);
-}
-
-/* Transcode one value into @p o. @return false when it has no exact
- * msgpack twin (integers beyond 64 bits, -0) or the JSON is broken. */
-static bool tc_value(struct tc *t, struct kvi_buf *o)
-{
-    struct kvi_str s;
-    bool b;
-    switch (kvi_rd_peek(&t->rd)) {
-    case KVI_VT_NULL:
-        kvi_rd_null(&t->rd);
-        kvi_buf_putc(o, (char)0xc0);
-        return true;
-    case KVI_VT_BOOL:
-        if (kvi_rd_bool(&t->rd, &b) != 0)
-            return false;
-        kvi_buf_putc(o, (char)(b ? 0xc3 : 0xc2));
-        return true;
-    case KVI_VT_STR:
-        if (kvi_rd_str(&t->rd, &s) != 0)
-            return false;
-        mp_str(t, o, s);
-        return true;
-    case KVI_VT_INT: {
-        size_t off = kvi_rd_offset(&t->rd);
-        struct kvi_num n;
-        int r = kvi_rd_num(&t->rd, &n);
-        if (r == 0 && !n.neg) {
-            mp_uint(t, o, n.mag);
-            return true;
-        }
-        if (r == 0 && n.mag > 0 && n.mag <= (uint64_t)1 << 63) {
-            mp_neg(t, o, n.mag == (uint64_t)1 << 63 ? INT64_MIN : -(int64_t)n.mag);
-            return true;
-        }
-        if (r != KVI_NUM_FLOAT)
-            return false; /* -0, beyond 64 bits, or broken */
-        size_t end = kvi_rd_offset(&t->rd);
-        char *txt = fz_dup(t->body + off, end - off, true);
-        double v = strtod(txt, NULL);
-        free(txt);
-        uint64_t bits;
-        memcpy(&bits, &v, sizeof(bits));
-        mp_be(o, 0xcb, bits, 8);
-        return true;
-    }
-    case KVI_VT_ARR:
-    case KVI_VT_OBJ: {
-        bool obj = kvi_rd_peek(&t->rd) == KVI_VT_OBJ;
-        if ((obj ? kvi_rd_obj_begin(&t->rd) : kvi_rd_arr_begin(&t->rd)) != 0)
-            return false;
-        struct kvi_buf kids;
-        kvi_buf_init(&kids);
-        uint64_t n = 0;
-        int r;
-        bool ok = true;
-        while (ok && (r = obj ? kvi_rd_obj_next(&t->rd, &s) : kvi_rd_arr_next(&t->rd)) == 1) {
-            if (obj)
-                mp_str(t, &kids, s);
-            ok = tc_value(t, &kids);
-            n++;
-        }
-        if (ok && r == 0) {
-            if (obj)
-                mp_len(t, o, n, 0x80, 15, 0, 0xde, 0xdf);
-            else
-                mp_len(t, o, n, 0x90, 15, 0, 0xdc, 0xdd);
-            kvi_buf_put(o, kids.data, kids.len);
-        }
-        kvi_buf_free(&kids);
-        return ok && r == 0;
-    }
-    default: return false;
-    }
-}
-
-/* @return true with the msgpack twin of a JSON body in @p out. */
-static bool transcode(const uint8_t *body, size_t len, uint8_t style, struct kvi_buf *out)
-{
-    struct kvi_scratch s;
-    kvi_scratch_init(&s);
-    struct tc t;
-    kvi_rd_init(&t.rd, body, len, KVI_ENC_JSON, &s);
-    t.body = body;
-    t.wide_ints = style & 1;
-    t.wide_lens = style & 2;
-    bool ok = tc_value(&t, out) && kvi_rd_finish(&t.rd) == 0;
-    FZ_CHECK(kvi_buf_ok(out));
-    kvi_scratch_free(&s);
-    return ok;
-}
-
 /* ---- dialect detection, recomputed ----------------------------------------------- */
 
 /* http-api.md §0 as api/codec.h states it, over a body that is one valid
@@ -518,27 +398,27 @@ static int expected_dialect(enum kvi_route r, const uint8_t *body, size_t len, e
         bool cond_key = false, dyn_key = false;
         switch (r) {
         case KVI_R_REGISTER:
-            cond_key = kstr_is(k, "modelname") || kstr_is(k, "type");
-            dyn_key = kstr_is(k, "model_name");
+            cond_key = fz_kstr_is(k, "modelname") || fz_kstr_is(k, "type");
+            dyn_key = fz_kstr_is(k, "model_name");
             break;
         case KVI_R_UNREGISTER:
-            if (kstr_is(k, "instance_id")) {
+            if (fz_kstr_is(k, "instance_id")) {
                 cond_key = vt == KVI_VT_STR;
                 dyn_key = vt == KVI_VT_INT;
             } else if (unreg_other < 0) {
-                if (kstr_is(k, "modelname") || kstr_is(k, "type"))
+                if (fz_kstr_is(k, "modelname") || fz_kstr_is(k, "type"))
                     unreg_other = KVI_DIALECT_CONDUCTOR;
-                else if (kstr_is(k, "model_name"))
+                else if (fz_kstr_is(k, "model_name"))
                     unreg_other = KVI_DIALECT_DYNAMO;
             }
             break;
         case KVI_R_QUERY:
-            cond_key = kstr_is(k, "model");
-            dyn_key = kstr_is(k, "model_name");
+            cond_key = fz_kstr_is(k, "model");
+            dyn_key = fz_kstr_is(k, "model_name");
             break;
         default:
-            cond_key = kstr_is(k, "seq_hashes") || kstr_is(k, "block_hash");
-            dyn_key = kstr_is(k, "block_hashes");
+            cond_key = fz_kstr_is(k, "seq_hashes") || fz_kstr_is(k, "block_hash");
+            dyn_key = fz_kstr_is(k, "block_hashes");
             break;
         }
         if (decided < 0 && (cond_key || dyn_key))
@@ -580,16 +460,6 @@ static void run_flow(enum op op, const uint8_t *body, size_t len, enum kvi_ctype
 
 /* ---- GET /workers query strings and header values ------------------------------- */
 
-static void pct_encode(struct kvi_buf *b, struct kvi_str s)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    for (size_t i = 0; i < s.len; i++) {
-        uint8_t c = (uint8_t)s.p[i];
-        char e[3] = {'%', hex[c >> 4], hex[c & 15]};
-        kvi_buf_put(b, e, 3);
-    }
-}
-
 static void run_workers_filter(const uint8_t *body, size_t len, struct kvi_scratch *s)
 {
     struct kvi_dyn_workers_filter f, g;
@@ -604,11 +474,11 @@ static void run_workers_filter(const uint8_t *body, size_t len, struct kvi_scrat
     kvi_buf_init(&q);
     if (f.has_model) {
         kvi_buf_puts(&q, "x=1&model_name=");
-        pct_encode(&q, f.model_name);
+        fz_pct_encode(&q, f.model_name);
     }
     if (f.has_tenant) {
         kvi_buf_puts(&q, "&tenant_id=");
-        pct_encode(&q, f.tenant_id);
+        fz_pct_encode(&q, f.tenant_id);
     }
     FZ_CHECK(kvi_buf_ok(&q));
     char *qs = fz_dup(q.data, q.len, false);
@@ -651,6 +521,12 @@ static void run_headers(const uint8_t *body, size_t len)
     FZ_CHECK(kvi_ctype_of(up, len) == ct);
     free(up);
     (void)kvi_accepts_msgpack(v, len);
+    /* an unknown path is quoted in the 404 answer, whatever its bytes */
+    if (r == KVI_R_UNKNOWN) {
+        struct kvi_api_err e;
+        check_handler_error(kvi_err_unknown_path(&e, v, len), &e, KVI_DIALECT_DYNAMO);
+        FZ_CHECK(e.status == 404);
+    }
 }
 
 /* ---- entry point ---------------------------------------------------------------- */
@@ -683,7 +559,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         bool mp_ok = is_conductor(op) || op == OP_DYN_QUERY || op == OP_DYN_QBH;
         struct kvi_buf mp;
         kvi_buf_init(&mp);
-        if (json && mp_ok && transcode(body, len, (uint8_t)(sel >> 6), &mp)) {
+        if (json && mp_ok && fz_transcode(body, len, (uint8_t)(sel >> 6), &mp)) {
             char *twin = fz_dup(mp.data, mp.len, false);
             run_parser(op, twin, mp.len, KVI_CT_MSGPACK, &s, &b);
             if (!same_result(&a, &b)) {

@@ -10,6 +10,11 @@ layout is described at the top of its tests/fuzz/fuzz_<target>.c:
             then the body: the request bodies of tests/api/codec_*_test.c
             (single-literal ones, found by a regular expression), plus
             hand-written JSON and msgpack bodies of every route
+  slots     1 selector byte (parser | content type << 4 | msgpack widths << 6)
+            then the body: hand-written JSON and msgpack bodies of every
+            slot-tracker route, POST /route and the replica-sync batch, plus
+            the request bodies of tests/api/codec_{slots,route}_test.c
+            (adjacent C literals joined); the rank op's raw parameters
   endpoint  an endpoint and --workers value
   dump      1 byte (chunking mode, callback stops) then a /dump body, in the
             shapes of tests/api/dump_test.c and http-api.md §1.11
@@ -151,6 +156,134 @@ def codec_seeds():
 
 
 # ---------------------------------------------------------------------------
+# slots
+# ---------------------------------------------------------------------------
+
+# tests/fuzz/fuzz_slots.c: enum op
+SLOT_OPS = {
+    "register": 0, "unregister": 1, "add": 2, "lifecycle": 3, "potential": 4, "peer": 5,
+    "filter": 6, "route": 7, "replica": 8, "rank": 9,
+}
+
+
+def ssel(op, ct, style=0):
+    return bytes([SLOT_OPS[op] | ct << 4 | style << 6])
+
+
+SLOT_REGISTER = {"worker_id": 7, "model_name": "llama", "tenant_id": "t", "block_size": 16,
+                 "dp_start": 0, "dp_size": 2}
+SLOT_UNREGISTER = {"worker_id": 18446744073709551615, "model_name": "m"}
+SLOT_ADD = {"model_name": "m", "tenant_id": "default", "request_id": "r-1", "worker_id": 7,
+            "dp_rank": 1, "sequence_hashes": [1, -2, 9223372036854775807],
+            "new_isl_tokens": 64, "extra": [{"x": None}]}
+SLOT_LIFECYCLE = {"model_name": "m", "request_id": "r-1"}
+SLOT_POTENTIAL = {"model_name": "m", "tenant_id": "t", "sequence_hashes": [],
+                  "new_isl_tokens": 0}
+ROUTES = [
+    {"model_name": "m", "token_ids": [1, 2, 3, 4294967295]},
+    {"model_name": "m", "tenant_id": None, "block_hashes": [1, -1, 18446744073709551615],
+     "overlap_weight": 0.5, "decode_weight": 2, "new_isl_tokens": 128},
+    {"model_name": "m", "tenant_id": "t", "sequence_hashes": [5], "lora_name": "sql",
+     "commit": True, "request_id": "r-2", "overlap_weight": 1e-3, "decode_weight": 0},
+    {"model_name": "m", "token_ids": None, "block_hashes": [], "commit": False,
+     "request_id": None, "lora_name": None},
+]
+REPLICA = {"source": "00000000deadbeef", "events": [
+    {"type": "add", "model_name": "m", "tenant_id": "t", "block_size": 16, "request_id": "r-1",
+     "worker_id": 7, "dp_rank": 0, "sequence_hashes": [1, -2], "new_isl_tokens": 32},
+    {"type": "prefill_complete", "model_name": "m", "block_size": 16, "request_id": "r-1",
+     "worker_id": 7, "dp_rank": 0, "future": {"a": [1]}},
+    {"type": "free", "model_name": "m", "tenant_id": "", "block_size": 4294967295,
+     "request_id": "", "worker_id": 18446744073709551615, "dp_rank": 4294967295},
+]}
+
+
+def c_literals(text):
+    """Bytes of adjacent C string literals (the escapes the tests use)."""
+    out = bytearray()
+    for lit in re.findall(r'"((?:[^"\\]|\\.)*)"', text):
+        b = lit.encode("utf-8")
+        i = 0
+        while i < len(b):
+            c = b[i:i + 1]
+            if c != b"\\":
+                out += c
+                i += 1
+                continue
+            e = b[i + 1:i + 2]
+            if e == b"x":
+                j = i + 2
+                while j < len(b) and b[j:j + 1] in b"0123456789abcdefABCDEF":
+                    j += 1
+                out.append(int(b[i + 2:j], 16) & 0xff)
+                i = j
+                continue
+            out += {b"n": b"\n", b"t": b"\t", b"r": b"\r", b"0": b"\0"}.get(e, e)
+            i += 2
+    return bytes(out)
+
+
+def slots_seeds():
+    seeds = {}
+    bodies = {"register": SLOT_REGISTER, "unregister": SLOT_UNREGISTER, "add": SLOT_ADD,
+              "lifecycle": SLOT_LIFECYCLE, "potential": SLOT_POTENTIAL,
+              "peer": {"url": "http://127.0.0.1:8091"}}
+    for op, body in bodies.items():
+        seeds[op + "_json"] = ssel(op, CT_JSON) + js(body)
+        seeds[op + "_json_pretty"] = ssel(op, CT_JSON) + json.dumps(body, indent=1).encode()
+    seeds["register_msgpack_415"] = ssel("register", CT_MSGPACK) + mp(SLOT_REGISTER)
+    seeds["add_errors"] = ssel("add", CT_JSON) + (
+        b'{"model_name":"m","request_id":1,"worker_id":-1,"dp_rank":4294967296,'
+        b'"sequence_hashes":[1.5],"new_isl_tokens":"x","model_name":"n"}')
+    seeds["lifecycle_tenant_null"] = ssel("lifecycle", CT_JSON) + \
+        b'{"model_name":"m\\u00e9","tenant_id":null,"request_id":"r"}'
+    seeds["filter"] = ssel("filter", CT_NONE) + b"model_name=m%20x&tenant_id=t+1&other=%zz&tenant_id"
+    seeds["filter_empty"] = ssel("filter", CT_NONE) + b"model_name=&x"
+    for i, r in enumerate(ROUTES):
+        seeds["route_%d_json" % i] = ssel("route", CT_JSON, i & 3) + js(r)
+        seeds["route_%d_msgpack" % i] = ssel("route", CT_MSGPACK) + mp(r)
+    seeds["route_msgpack_bins"] = ssel("route", CT_MSGPACK) + mp(
+        {"model_name": "m", "token_ids": struct.pack("<3I", 1, 2, 0xffffffff),
+         "overlap_weight": 1.5, "decode_weight": 0})
+    seeds["route_msgpack_hash_bin"] = ssel("route", CT_MSGPACK) + mp(
+        {"model_name": "m", "sequence_hashes": struct.pack("<2Q", 9, 2**64 - 1)})
+    seeds["route_float32"] = ssel("route", CT_MSGPACK) + \
+        b"\x83\xaamodel_name\xa1m\xa9token_ids\x90\xaedecode_weight\xca\x3f\xc0\x00\x00"
+    seeds["route_errors"] = ssel("route", CT_JSON) + (
+        b'{"model_name":"m","token_ids":[1],"block_hashes":[2],"overlap_weight":-1,'
+        b'"decode_weight":1e999,"commit":true}')
+    seeds["replica_json"] = ssel("replica", CT_JSON) + js(REPLICA)
+    seeds["replica_json_wide"] = ssel("replica", CT_JSON, 3) + js(REPLICA)
+    seeds["replica_msgpack"] = ssel("replica", CT_MSGPACK) + mp(REPLICA)
+    seeds["replica_empty"] = ssel("replica", CT_MSGPACK) + mp({"events": []})
+    seeds["replica_errors"] = ssel("replica", CT_JSON) + (
+        b'{"source":"x","events":[{"type":"evict","model_name":"m","request_id":"r",'
+        b'"block_size":1,"worker_id":1,"dp_rank":0}]}')
+    seeds["rank"] = ssel("rank", CT_NONE) + struct.pack(
+        ">IQdd", 16, 1000, 1.0, 0.5) + b"".join(
+        struct.pack(">QIIIQII", w, r, o, t, a, d, n)
+        for w, r, o, t, a, d, n in [(1, 0, 3, 10, 0, 5, 1), (0, 1, 3, 10, 2**64 - 1, 0, 0),
+                                    (2, 0, 0, 0, 7, 7, 7)])
+
+    # the request bodies of the codec unit tests (adjacent literals joined)
+    ops = {"register": "register", "unregister": "unregister", "add": "add",
+           "lifecycle": "lifecycle", "potential": "potential", "peer": "peer"}
+    slot_lit = re.compile(r'kvi_slot_parse_(\w+)\(\s*J\(((?:\s*"(?:[^"\\]|\\.)*")+)\s*\)')
+    route_lit = re.compile(r'(?:parse_json|EXPECT_ERR)\(((?:\s*"(?:[^"\\]|\\.)*")+)\s*[,)]')
+    with open(os.path.join(ROOT, "tests", "api", "codec_slots_test.c"), encoding="utf-8") as f:
+        text = f.read()
+    for i, m in enumerate(slot_lit.finditer(text)):
+        if m.group(1) in ops:
+            seeds["t_slots_%s_%d" % (m.group(1), i)] = ssel(m.group(1), CT_JSON) + \
+                c_literals(m.group(2))
+    with open(os.path.join(ROOT, "tests", "api", "codec_route_test.c"), encoding="utf-8") as f:
+        text = f.read()
+    for i, m in enumerate(route_lit.finditer(text)):
+        seeds["t_route_%d" % i] = ssel("route", CT_JSON) + c_literals(m.group(1))
+    return seeds
+
+
+# ---------------------------------------------------------------------------
 # endpoint
 # ---------------------------------------------------------------------------
 
@@ -222,8 +355,8 @@ def dump_seeds():
 # ---------------------------------------------------------------------------
 
 def all_seeds():
-    out = {"decode": {}, "codec": codec_seeds(), "endpoint": endpoint_seeds(),
-           "dump": dump_seeds()}
+    out = {"decode": {}, "codec": codec_seeds(), "slots": slots_seeds(),
+           "endpoint": endpoint_seeds(), "dump": dump_seeds()}
     for path in sorted(glob.glob(os.path.join(ROOT, "tests", "net", "fixtures", "decode", "*.bin"))):
         with open(path, "rb") as f:
             out["decode"][os.path.basename(path)[:-4]] = f.read()
