@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "bench/bench.h"
+#include "bench/soak.h"
 
 struct subcommand {
     const char *name;
@@ -16,6 +17,7 @@ static const struct subcommand subcommands[] = {
     {"decode", kvi_bench_decode, "KV-event batch decoding per core: cursor decoder vs msgpack-c"},
     {"trace", kvi_bench_trace, "Mooncake-trace replay: kvidx vs baselines, keep-up and find latency"},
     {"ingest", kvi_bench_ingest, "ZMQ publishers -> listeners -> writers -> index on the Mooncake event mix"},
+    {"soak", kvi_bench_soak, "N-minute end-to-end run through kvidxd, then checks errors, RSS, /dump and counters"},
 };
 
 static void usage(FILE *f)

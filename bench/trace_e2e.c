@@ -322,6 +322,16 @@ const char *kvi_e2e_url(const struct kvi_e2e *e)
     return e->url;
 }
 
+int kvi_e2e_pid(const struct kvi_e2e *e)
+{
+    return (int)e->pid;
+}
+
+double kvi_e2e_metric_sum(const char *body, const char *name, const char *labels)
+{
+    return msum(body, name, labels, NULL);
+}
+
 /* user + system CPU seconds of a process (-1 when unknown) */
 static double proc_cpu_s(pid_t pid)
 {
@@ -1080,6 +1090,20 @@ const char *kvi_e2e_url(const struct kvi_e2e *e)
 {
     (void)e;
     return "";
+}
+
+int kvi_e2e_pid(const struct kvi_e2e *e)
+{
+    (void)e;
+    return 0;
+}
+
+double kvi_e2e_metric_sum(const char *body, const char *name, const char *labels)
+{
+    (void)body;
+    (void)name;
+    (void)labels;
+    return 0;
 }
 
 int kvi_e2e_run(struct kvi_e2e *e, const struct kvi_trace_workload *w, const struct kvi_trace_run_cfg *cfg,

@@ -91,6 +91,16 @@ void kvi_e2e_close(struct kvi_e2e *e);
 /** The base URL in use. */
 const char *kvi_e2e_url(const struct kvi_e2e *e);
 
+/** Process id of the spawned kvidxd, or 0 when kvidxd was reached by URL. */
+int kvi_e2e_pid(const struct kvi_e2e *e);
+
+/**
+ * Sum of the samples of metric @p name in a Prometheus text body whose label
+ * set contains the text @p labels (NULL: every sample; "": unlabelled ones
+ * only). @return the sum (0 when there is none).
+ */
+double kvi_e2e_metric_sum(const char *body, const char *name, const char *labels);
+
 /**
  * Replay @p w through kvidxd at cfg->window_ms (cfg->readers lanes; writers,
  * ring capacity, jump and key seed are kvidxd's own and ignored). Fills @p res

@@ -23,7 +23,11 @@
  * message holding it. The last reference returns it to a pool, from which
  * the next batch takes it with its capacity intact, so the steady state
  * allocates nothing of ours (libzmq still mallocs its small per-message
- * header).
+ * header). A buffer that grew for a large batch is trimmed at flush when
+ * more than half of it would be slack (never below a fresh buffer's size):
+ * otherwise every buffer of the ring and the pool would keep the capacity of
+ * the largest batch it ever held, and a long-running publisher's memory
+ * would creep towards (ring + pool) x its largest batch.
  *
  * Pool. Buffers come back from ZMQ's I/O threads (message free callbacks),
  * from the replay thread and from the publishing thread (ring eviction).
@@ -831,9 +835,25 @@ static void kvp_ring_push(struct kvidx_pub *pub, struct kvp_buf *b)
         kvp_buf_unref(old);
 }
 
+/* Give back the slack of a finished buffer that grew for a larger batch
+ * (publishing thread, before the buffer is shared). */
+static struct kvp_buf *kvp_trim(struct kvp_buf *b)
+{
+    const size_t fresh = KVP_BUF_INIT - sizeof(*b);
+    size_t keep = b->end + KVP_TAIL > fresh ? b->end + KVP_TAIL : fresh;
+    if (b->cap <= fresh || keep > b->cap / 2)
+        return b;
+    struct kvp_buf *nb = realloc(b, sizeof(*b) + keep);
+    if (!nb)
+        return b; /* keep the larger buffer */
+    nb->cap = keep;
+    return nb;
+}
+
 /* Give a finished payload its sequence number, keep it for replay, send it. */
 static int kvp_emit(struct kvidx_pub *pub, struct kvp_buf *b, uint64_t *seq)
 {
+    b = kvp_trim(b);
     b->seq = pub->next_seq++;
     bool live = true;
     if (pub->skip_live) {
