@@ -43,9 +43,10 @@
  *     through memcpy (no alignment assumptions). No recursion.
  *   - Scratch: events, hashes, tokens, mm hashes and mm offsets live in
  *     per-decoder growable arrays reused from batch to batch (high-water
- *     mark kept). Events record offsets while decoding and get their
- *     pointers at the end of the batch, because the arrays may move while
- *     they grow. A skipped event rolls the arrays back.
+ *     mark kept, up to KVI_DECODE_KEEP_SCRATCH once kvi_decoder_trim ran).
+ *     Events record offsets while decoding and get their pointers at the
+ *     end of the batch, because the arrays may move while they grow. A
+ *     skipped event rolls the arrays back.
  *   - Map events are decoded in one pass whatever the key order: every
  *     known key is decoded as it comes; extra_keys / block_mm_infos need
  *     the block count, so their positions are remembered and they are read
@@ -514,6 +515,36 @@ void kvi_decoder_destroy(struct kvi_decoder *d)
     free(d->tokens.v);
     free(d->mmoff.v);
     free(d);
+}
+
+/* Shrink a scratch array of *cap elements to keep elements (when larger). */
+static void *scratch_shrink(void *p, size_t *cap, size_t keep, size_t elem)
+{
+    if (*cap <= keep)
+        return p;
+    void *q = realloc(p, keep * elem);
+    if (q == NULL)
+        return p; /* the larger block stays valid */
+    *cap = keep;
+    return q;
+}
+
+void kvi_decoder_trim(struct kvi_decoder *d)
+{
+    size_t bytes = d->cap_ev * (sizeof *d->ev + sizeof *d->fix) + (d->hashes.cap + d->mm.cap) * sizeof(uint64_t) +
+                   (d->tokens.cap + d->mmoff.cap) * sizeof(uint32_t);
+    if (bytes <= KVI_DECODE_KEEP_SCRATCH)
+        return;
+    d->n_ev = 0;
+    d->hashes.n = d->tokens.n = d->mm.n = d->mmoff.n = 0;
+    size_t cap_ev = d->cap_ev, cap_fix = d->cap_ev;
+    d->ev = scratch_shrink(d->ev, &cap_ev, INIT_EVENTS, sizeof *d->ev);
+    d->fix = scratch_shrink(d->fix, &cap_fix, INIT_EVENTS, sizeof *d->fix);
+    d->cap_ev = KVI_MIN(cap_ev, cap_fix); /* both blocks hold at least that many */
+    d->hashes.v = scratch_shrink(d->hashes.v, &d->hashes.cap, INIT_HASHES, sizeof *d->hashes.v);
+    d->mm.v = scratch_shrink(d->mm.v, &d->mm.cap, INIT_MM, sizeof *d->mm.v);
+    d->tokens.v = scratch_shrink(d->tokens.v, &d->tokens.cap, INIT_TOKENS, sizeof *d->tokens.v);
+    d->mmoff.v = scratch_shrink(d->mmoff.v, &d->mmoff.cap, INIT_MMOFF, sizeof *d->mmoff.v);
 }
 
 enum kvi_decode_err kvi_decoder_error(const struct kvi_decoder *d) { return d->err; }

@@ -93,7 +93,8 @@
  *   - Arrays that were present (even empty) have non-NULL pointers; absent
  *     token_ids (missing or nil) give tokens == NULL.
  *
- * Ownership: a decoder owns scratch memory reused from batch to batch. The
+ * Ownership: a decoder owns scratch memory reused from batch to batch
+ * (kvi_decoder_trim gives back what a large batch grew). The
  * events, hash arrays, token arrays and strings handed out point into that
  * scratch or into the input buffer, and stay valid until the next
  * kvi_decode_batch call on the same decoder or until the input buffer is
@@ -189,8 +190,14 @@ enum kvi_decode_err {
 };
 
 /** Largest frame kvi_decode_batch accepts (KVI_DEC_LIMIT above). Scratch is
- * bounded by about 12 bytes per frame byte, so this bounds memory too. */
+ * bounded by about 19 bytes per frame byte (168 per 9-byte ["cleared"] event,
+ * 8 per one-byte hash), so this bounds memory too; kvi_decoder_trim gives it
+ * back after a large batch. */
 #define KVI_DECODE_MAX_FRAME ((size_t)64 << 20)
+
+/** Scratch a decoder keeps across kvi_decoder_trim, in bytes. Batches of real
+ * engines need far less (about 100 KB for 700 blocks of 16 tokens). */
+#define KVI_DECODE_KEEP_SCRATCH ((size_t)4 << 20)
 
 /** Deepest container nesting accepted; the batch itself is at depth 1
  * (msgpack-c's own parser stack is also 32 deep). */
@@ -219,6 +226,16 @@ void kvi_decoder_destroy(struct kvi_decoder *d);
  *         (KVI_DEC_NOMEM; the decoder stays usable).
  */
 int kvi_decode_batch(struct kvi_decoder *d, const void *buf, size_t len, struct kvi_batch *out);
+
+/**
+ * Give back the scratch a large batch grew: when it holds more than
+ * KVI_DECODE_KEEP_SCRATCH bytes, every array shrinks to its initial size.
+ * Scratch can reach about 19 times the frame size (KVI_DECODE_MAX_FRAME), and
+ * is otherwise kept for the decoder's lifetime, so call this once the last
+ * batch's events have been consumed: it invalidates them. Cheap when there
+ * is nothing to give back; a failed shrink keeps the larger block.
+ */
+void kvi_decoder_trim(struct kvi_decoder *d);
 
 /** Reason of the last failed kvi_decode_batch (KVI_DEC_OK after a success). */
 enum kvi_decode_err kvi_decoder_error(const struct kvi_decoder *d);

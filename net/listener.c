@@ -318,11 +318,13 @@ static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
         TCTR(t, decode_ns, t1 - t0);
     if (rc != 0) {
         lis_warn(l, "batch %llu dropped: %s", (unsigned long long)seq, kvi_decoder_error_str(t->dec));
+        kvi_decoder_trim(t->dec); /* a huge bad frame must not pin its scratch */
         return -EBADMSG;
     }
     if (b.has_dp_rank)
         note_rank(l, b.dp_rank);
     kvi_ingest_batch(&l->tgt, &b, t->prod);
+    kvi_decoder_trim(t->dec); /* the ops own copies: the events are consumed */
     if (timing)
         TCTR(t, ingest_ns, kvi_now_ns() - t1);
     return 0;
@@ -593,6 +595,57 @@ static void handle_reply(struct listener *l, int nf, uint64_t now)
     after_stream(l);
 }
 
+/*
+ * Release the frames of the message just handled. zmq_msg_recv would free
+ * them on the next receive anyway, but that may be much later (a quiet
+ * engine): a rejected frame of up to KVI_DECODE_MAX_FRAME bytes, or larger,
+ * must not stay allocated meanwhile.
+ */
+static void release_frames(struct lis_thread *t)
+{
+    for (int i = 0; i < 5; i++)
+        if (zmq_msg_size(&t->fr[i]) > 0) {
+            zmq_msg_close(&t->fr[i]);
+            zmq_msg_init(&t->fr[i]);
+        }
+}
+
+/* Handle the message in t->fr (nf > 0 frames) or a receive error (nf < 0). @return false once s is closed. */
+static bool serve_one(struct lis_thread *t, struct lsock *s, int nf, uint64_t now)
+{
+    if (s->kind == SK_BIND) {
+        struct bind_ep *b = s->owner;
+        if (nf < 0) {
+            sock_close(t, s);
+            b->bound = false;
+            for (size_t i = 0; i < b->n; i++) {
+                struct listener *m = b->members[i];
+                lis_stop(m);
+                set_state(m, KVI_LISTENER_FAILED, "ZMQ recv failed on %s: %s", b->endpoint, zmq_strerror(-nf));
+            }
+            return false;
+        }
+        struct listener *l = bind_match(b, zmq_msg_data(&t->fr[0]), zmq_msg_size(&t->fr[0]));
+        if (l == NULL || !l->draining)
+            TCTR(t, unknown_topic, 1);
+        else
+            handle_live(l, nf, now);
+        return true;
+    }
+    struct listener *l = s->owner;
+    if (nf < 0) {
+        char what[128];
+        snprintf(what, sizeof what, "ZMQ recv failed for worker %s", l->tgt_name);
+        lis_fail(l, what, -nf);
+        return false;
+    }
+    if (s->kind == SK_SUB)
+        handle_live(l, nf, now);
+    else
+        handle_reply(l, nf, now);
+    return true;
+}
+
 /* Serve one ready socket. @return true when it may have more (budget used up). */
 static bool serve(struct lis_thread *t, struct lsock *s)
 {
@@ -604,37 +657,10 @@ static bool serve(struct lis_thread *t, struct lsock *s)
         int nf = recv_frames(t, s->zs);
         if (nf == 0)
             return false;
-        if (s->kind == SK_BIND) {
-            struct bind_ep *b = s->owner;
-            if (nf < 0) {
-                sock_close(t, s);
-                b->bound = false;
-                for (size_t i = 0; i < b->n; i++) {
-                    struct listener *m = b->members[i];
-                    lis_stop(m);
-                    set_state(m, KVI_LISTENER_FAILED, "ZMQ recv failed on %s: %s", b->endpoint,
-                              zmq_strerror(-nf));
-                }
-                return false;
-            }
-            struct listener *l = bind_match(b, zmq_msg_data(&t->fr[0]), zmq_msg_size(&t->fr[0]));
-            if (l == NULL || !l->draining)
-                TCTR(t, unknown_topic, 1);
-            else
-                handle_live(l, nf, now);
-            continue;
-        }
-        struct listener *l = s->owner;
-        if (nf < 0) {
-            char what[128];
-            snprintf(what, sizeof what, "ZMQ recv failed for worker %s", l->tgt_name);
-            lis_fail(l, what, -nf);
+        bool open = serve_one(t, s, nf, now);
+        release_frames(t);
+        if (!open)
             return false;
-        }
-        if (s->kind == SK_SUB)
-            handle_live(l, nf, now);
-        else
-            handle_reply(l, nf, now);
     }
     return true;
 }
