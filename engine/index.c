@@ -121,9 +121,41 @@ static void maybe_reclaim(struct kvi_index *ix, uint32_t part)
         kvi_index_reclaim(ix, part);
 }
 
+/* Scratch sized for one huge op (a remove of millions of hashes, a clear
+ * of a big slot) is given back when the writer goes idle, so that one such
+ * op does not pin its memory for the partition's lifetime. Writer. */
+#define SCRATCH_KEEP (64u << 10) /* elements kept across ops (512 KiB of u64) */
+static void scratch_trim(struct kvi_part *p)
+{
+    if (p->cap_runbuf > SCRATCH_KEEP) {
+        free(p->runbuf);
+        p->runbuf = NULL;
+        p->cap_runbuf = 0;
+    }
+    if (p->cap_sortbuf > SCRATCH_KEEP) {
+        free(p->sortbuf);
+        p->sortbuf = NULL;
+        p->cap_sortbuf = 0;
+    }
+    if (p->cap_stack > 2 * SCRATCH_KEEP) {
+        free(p->stack);
+        p->stack = NULL;
+        p->cap_stack = 0;
+    }
+    if (p->cap_dup > SCRATCH_KEEP) {
+        free(p->dup_val);
+        free(p->dup_mark);
+        p->dup_val = NULL;
+        p->dup_mark = NULL;
+        p->cap_dup = 0;
+        p->dup_gen = 0;
+    }
+}
+
 void kvi_index_reclaim(struct kvi_index *ix, uint32_t part)
 {
     struct kvi_part *p = &ix->parts[part];
+    scratch_trim(p);
     stab_maybe_build(ix, p); /* writers reclaim when idle: a wanted seq table comes soon */
     if (p->n_retired == 0 && p->n_pending == 0 && p->n_pending_slots == 0)
         return;

@@ -2408,6 +2408,50 @@ static void test_prefix_keys_match_definition(void **state)
     kvi_index_destroy(ix);
 }
 
+/* Scratch grown by one huge op is given back at the next reclaim (the
+ * writer's idle point); small scratch is kept. */
+static void test_reclaim_trims_scratch(void **state)
+{
+    (void)state;
+    struct kvi_index_config ic = {.block_size = 16, .n_parts = 1, .key_seed = 3};
+    struct kvi_index *ix = kvi_index_create(&ic);
+    int64_t w = kvi_index_intern_instance(ix, 1, NULL, false);
+    assert_true(w >= 0);
+    enum { N = 100000 };
+    struct kvi_block *b = malloc(N * sizeof *b);
+    uint64_t *eh = malloc(N * sizeof *eh);
+    for (size_t i = 0; i < N; i++) {
+        b[i] = (struct kvi_block){1000 + i, 77 + i};
+        eh[i] = 1000 + (N - 1 - i); /* tail first: each remove is a leaf */
+    }
+    struct kvi_part *p = &ix->parts[0];
+    assert_int_equal(kvi_index_store(ix, (uint32_t)w, 0, KVI_TIER_GPU, false, 0, b, 8), 0);
+    kvi_index_reclaim(ix, 0);
+    size_t small = p->cap_runbuf;
+    assert_true(small > 0 && small <= 64);
+    assert_int_equal(kvi_index_store(ix, (uint32_t)w, 0, KVI_TIER_GPU, false, 0, b, N), 0);
+    assert_true(p->cap_runbuf >= 4 * (size_t)N);
+    assert_true(p->cap_dup > 64u << 10);
+    kvi_index_reclaim(ix, 0);
+    assert_int_equal(p->cap_runbuf, 0);
+    assert_int_equal(p->cap_dup, 0);
+    /* still works after the trim, and the index is intact */
+    assert_int_equal(kvi_index_remove(ix, (uint32_t)w, 0, KVI_TIER_GPU, eh, N / 2), N / 2);
+    uint64_t *c = malloc(N * sizeof *c);
+    for (size_t i = 0; i < N; i++)
+        c[i] = b[i].content_hash;
+    struct kvi_match m[2];
+    kvi_rcu_read_lock();
+    size_t r = kvi_index_find_matches(ix, c, N, m, 2);
+    kvi_rcu_read_unlock();
+    assert_int_equal(r, 1);
+    assert_int_equal(m[0].depth, N / 2);
+    free(b);
+    free(eh);
+    free(c);
+    kvi_index_destroy(ix);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -2429,6 +2473,7 @@ int main(void)
         cmocka_unit_test(test_dump_and_clear_emptied_slot),
         cmocka_unit_test(test_create_invalid),
         cmocka_unit_test(test_prefix_keys_match_definition),
+        cmocka_unit_test(test_reclaim_trims_scratch),
         cmocka_unit_test(test_s01_store_then_find),
         cmocka_unit_test(test_s02_partial_match),
         cmocka_unit_test(test_s03_remove_all),
