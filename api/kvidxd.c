@@ -50,6 +50,19 @@ const char *__tsan_default_suppressions(void)
 }
 #endif
 
+#ifdef KVI_WITH_JEMALLOC
+#include <jemalloc/jemalloc.h>
+/*
+ * jemalloc purges freed (dirty) pages only on its decay ticks, which run when
+ * some thread allocates. After a burst (10,000 workers unregistered, a
+ * namespace dropped, a large body freed) an idle daemon kept those pages
+ * resident for good. Background threads purge them on jemalloc's decay
+ * schedule (dirty_decay_ms, 10 s) whether anything allocates or not
+ * (tests/api/kvidxd_faults_http_test.c, test_10k_workers_memory).
+ */
+const char *malloc_conf = "background_thread:true";
+#endif
+
 #define KVIDXD_VERSION "0.1.0"
 #define DEFAULT_PORT 8090
 #define DEFAULT_HTTP_THREADS 2

@@ -39,7 +39,11 @@
  *
  * A pushed stream's queue is guarded by its mutex; the writer blocks on its
  * condition variable above KVI_HTTP_STREAM_HIGH_WATER queued bytes, the loop
- * signals it as it takes chunks. The stream is freed when its three
+ * signals it as it takes chunks. A writer that sees no progress for
+ * idle_timeout_ms (the client reads nothing: h2o 2.2 has no write timeout)
+ * marks the stream stalled and gone and wakes the loop, which shuts the
+ * connection down; the writer's thread (e.g. a writer thread dumping its
+ * partition) is never held longer than that. The stream is freed when its three
  * references are gone: the loop's (request disposed), the writer's
  * (kvi_http_stream_end) and a pending wake-up message.
  *
@@ -78,6 +82,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <h2o.h>
@@ -149,6 +154,8 @@ struct worker {
     h2o_timeout_entry_t sweep_entry;
     h2o_timeout_t pause_timeout;
     h2o_timeout_entry_t pause_entry;
+    h2o_timeout_t reap_timeout;     /* idle reaper period (see on_reap) */
+    h2o_timeout_entry_t reap_entry;
     h2o_linklist_t conns;    /* struct conn */
     size_t nconns;
     h2o_linklist_t deferred; /* struct kvi_http_deferred whose request is alive */
@@ -169,6 +176,7 @@ struct conn {
     struct worker *w;
     int fd;
     unsigned inflight;
+    uint64_t idle_since; /* loop clock (ms) when inflight last became 0, or the accept */
     bool shut;
 };
 
@@ -264,8 +272,11 @@ struct kvi_http_stream {
     bool ended;
     int error;
     bool gone;
+    bool stalled;      /* the client took nothing for stall_ms: the loop cuts the connection */
     bool loop_idle;    /* the generator waits for data */
     bool wake_pending; /* wake message queued */
+    uint64_t taken;    /* bytes the loop has taken from the queue (progress) */
+    unsigned stall_ms; /* the server's idle_timeout_ms */
     int refs;
 };
 
@@ -695,7 +706,8 @@ static void res_dispose(void *p)
     struct worker *w = r->w;
     r->req = NULL;
     if (r->conn != NULL) {
-        r->conn->inflight--;
+        if (--r->conn->inflight == 0)
+            r->conn->idle_since = h2o_now(w->ctx.loop);
         h2o_linklist_unlink(&r->conn_link);
         r->conn = NULL;
     }
@@ -947,6 +959,7 @@ static void push_flush(struct kvi_http_stream *st)
     if (st->head_chunk == NULL)
         st->tail = &st->head_chunk;
     st->queued -= bytes;
+    st->taken += bytes;
     if (bytes != 0)
         pthread_cond_broadcast(&st->cv);
     /* END_STREAM goes out on its own (empty) send; see DESIGN. */
@@ -978,15 +991,32 @@ static void push_proceed(h2o_generator_t *g, h2o_req_t *req)
     push_flush(st);
 }
 
+/*
+ * A stalled stream: the client has not taken a byte for stall_ms while h2o
+ * still holds a send it cannot finish, so no answer can be ended in-band.
+ * Shut the connection down; h2o then fails the send and frees the request.
+ */
+static void push_cut(struct kvi_http_stream *st)
+{
+    struct conn *c = st->res->conn;
+    if (c != NULL && !c->shut) {
+        shutdown(c->fd, SHUT_RDWR);
+        c->shut = true;
+    }
+}
+
 static void push_wake(struct worker *w, struct msg *m)
 {
     struct kvi_http_stream *st = H2O_STRUCT_FROM_MEMBER(struct kvi_http_stream, wake, m);
-    bool idle, last;
+    bool idle, stalled, last;
     pthread_mutex_lock(&st->mu);
     st->wake_pending = false;
     idle = st->loop_idle;
+    stalled = st->stalled;
     pthread_mutex_unlock(&st->mu);
-    if (st->res != NULL && !st->finished && idle)
+    if (st->res != NULL && !st->finished && stalled)
+        push_cut(st);
+    else if (st->res != NULL && !st->finished && idle)
         push_flush(st);
     pthread_mutex_lock(&st->mu);
     last = --st->refs == 0;
@@ -1009,8 +1039,13 @@ struct kvi_http_stream *kvi_http_stream_open(struct kvi_http_res *r, int status,
     answer_check(r);
     h2o_req_t *req = r->req;
     struct kvi_http_stream *st = kvi_xcalloc(1, sizeof *st);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&st->mu, NULL);
-    pthread_cond_init(&st->cv, NULL);
+    pthread_cond_init(&st->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    st->stall_ms = r->w->srv->opt.idle_timeout_ms;
     st->wake.fn = push_wake;
     st->w = r->w;
     st->res = r;
@@ -1036,17 +1071,64 @@ struct kvi_http_stream *kvi_http_stream_open(struct kvi_http_res *r, int status,
     return st;
 }
 
+static void deadline_in(struct timespec *dl, unsigned ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, dl);
+    dl->tv_sec += ms / 1000;
+    dl->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (dl->tv_nsec >= 1000000000L) {
+        dl->tv_sec++;
+        dl->tv_nsec -= 1000000000L;
+    }
+}
+
+/*
+ * Wait (st->mu held) until the queue is under the high water or the stream
+ * is gone. @return false when the loop took nothing for stall_ms meanwhile.
+ */
+static bool push_wait_room(struct kvi_http_stream *st)
+{
+    uint64_t seen = st->taken;
+    struct timespec dl;
+    if (st->stall_ms == 0) { /* no idle timeout: wait as long as it takes */
+        while (!st->gone && st->queued >= KVI_HTTP_STREAM_HIGH_WATER)
+            pthread_cond_wait(&st->cv, &st->mu);
+        return true;
+    }
+    deadline_in(&dl, st->stall_ms);
+    while (!st->gone && st->queued >= KVI_HTTP_STREAM_HIGH_WATER) {
+        if (pthread_cond_timedwait(&st->cv, &st->mu, &dl) != ETIMEDOUT)
+            continue;
+        if (st->taken == seen)
+            return st->gone || st->queued < KVI_HTTP_STREAM_HIGH_WATER;
+        seen = st->taken; /* progress: a new period */
+        deadline_in(&dl, st->stall_ms);
+    }
+    return true;
+}
+
 int kvi_http_stream_write(struct kvi_http_stream *st, const void *data, size_t len)
 {
     bool wake;
     if (len == 0 || st->head)
         return 0;
     pthread_mutex_lock(&st->mu);
-    while (!st->gone && st->queued >= KVI_HTTP_STREAM_HIGH_WATER)
-        pthread_cond_wait(&st->cv, &st->mu);
+    if (!push_wait_room(st)) {
+        /* Stalled: from now on the stream is gone for the writer; the loop cuts the connection. */
+        st->stalled = st->gone = true;
+        wake = !st->wake_pending;
+        if (wake) {
+            st->wake_pending = true;
+            st->refs++;
+        }
+        pthread_mutex_unlock(&st->mu);
+        if (wake)
+            post(st->w, &st->wake);
+        return -ETIMEDOUT;
+    }
     if (st->gone) {
         pthread_mutex_unlock(&st->mu);
-        return -EPIPE;
+        return st->stalled ? -ETIMEDOUT : -EPIPE;
     }
     /* Coalesce into the tail chunk while it has room. */
     struct chunk *t = st->head_chunk == NULL ? NULL : H2O_STRUCT_FROM_MEMBER(struct chunk, next, st->tail);
@@ -1286,6 +1368,7 @@ static void on_accept(h2o_socket_t *listener, const char *err)
         struct conn *c = kvi_xcalloc(1, sizeof *c);
         c->w = w;
         c->fd = fd;
+        c->idle_since = h2o_now(w->ctx.loop);
         h2o_linklist_init_anchor(&c->reqs);
         h2o_linklist_insert(&w->conns, &c->link);
         w->nconns++;
@@ -1293,6 +1376,34 @@ static void on_accept(h2o_socket_t *listener, const char *err)
         sock->on_close.data = c;
         h2o_accept(&w->accept_ctx, sock);
     }
+}
+
+/* ---- idle reaper ---- */
+
+/*
+ * h2o closes an HTTP/1.1 connection whose request has not arrived whole
+ * within idle_timeout_ms, and an idle HTTP/2 connection, but resets its
+ * HTTP/2 idle timer on every frame: a stream trickling its body (or PINGs
+ * alone) kept a connection and its slot forever. Every REAP_DIVISOR-th of
+ * the timeout each loop shuts down the connections that have had no request
+ * dispatched for twice the timeout (h2o's own, graceful close comes first
+ * for every well-behaved idle connection).
+ */
+#define REAP_DIVISOR 4
+
+static void on_reap(h2o_timeout_entry_t *e)
+{
+    struct worker *w = H2O_STRUCT_FROM_MEMBER(struct worker, reap_entry, e);
+    uint64_t now = h2o_now(w->ctx.loop), limit = 2 * (uint64_t)w->srv->opt.idle_timeout_ms;
+    for (h2o_linklist_t *n = w->conns.next; n != &w->conns; n = n->next) {
+        struct conn *c = H2O_STRUCT_FROM_MEMBER(struct conn, link, n);
+        if (!c->shut && c->inflight == 0 && now - c->idle_since >= limit) {
+            shutdown(c->fd, SHUT_RDWR);
+            c->shut = true;
+        }
+    }
+    if (w->state == W_RUNNING)
+        h2o_timeout_link(w->ctx.loop, &w->reap_timeout, &w->reap_entry);
 }
 
 /* ---- shutdown ---- */
@@ -1365,6 +1476,7 @@ static void on_stop(struct worker *w, struct msg *m)
         atomic_store_explicit(&w->listening, 0, memory_order_relaxed);
     }
     h2o_timeout_unlink(&w->pause_entry);
+    h2o_timeout_unlink(&w->reap_entry);
     h2o_context_request_shutdown(&w->ctx);
     w->deadline = h2o_now(w->ctx.loop) + w->srv->opt.shutdown_grace_ms;
     sweep(w);
@@ -1394,8 +1506,10 @@ static void worker_ctx_init(struct worker *w)
     w->stop_msg.fn = on_stop;
     h2o_timeout_init(w->ctx.loop, &w->sweep_timeout, SWEEP_MS);
     h2o_timeout_init(w->ctx.loop, &w->pause_timeout, ACCEPT_PAUSE_MS);
+    h2o_timeout_init(w->ctx.loop, &w->reap_timeout, KVI_MAX(s->opt.idle_timeout_ms / REAP_DIVISOR, 1u));
     w->sweep_entry.cb = on_sweep;
     w->pause_entry.cb = accept_resume;
+    w->reap_entry.cb = on_reap;
     h2o_linklist_init_anchor(&w->conns);
     h2o_linklist_init_anchor(&w->deferred);
     h2o_linklist_init_anchor(&w->streams);
@@ -1404,6 +1518,8 @@ static void worker_ctx_init(struct worker *w)
     h2o_socket_read_start(w->listener, on_accept);
     atomic_store_explicit(&w->listening, 1, memory_order_relaxed);
     w->state = W_RUNNING;
+    if (s->opt.idle_timeout_ms != 0)
+        h2o_timeout_link(w->ctx.loop, &w->reap_timeout, &w->reap_entry);
     pthread_mutex_lock(&w->mu);
     w->alive = true;
     pthread_mutex_unlock(&w->mu);
@@ -1430,8 +1546,10 @@ static void worker_ctx_dispose(struct worker *w)
     atomic_store_explicit(&w->listening, 0, memory_order_relaxed);
     h2o_timeout_unlink(&w->sweep_entry);
     h2o_timeout_unlink(&w->pause_entry);
+    h2o_timeout_unlink(&w->reap_entry);
     h2o_timeout_dispose(w->ctx.loop, &w->sweep_timeout);
     h2o_timeout_dispose(w->ctx.loop, &w->pause_timeout);
+    h2o_timeout_dispose(w->ctx.loop, &w->reap_timeout);
     /* h2o's GOAWAY re-send timer may still be linked. */
     h2o_timeout_unlink(&w->ctx.http2._graceful_shutdown_timeout);
     h2o_loop_t *loop = w->ctx.loop;
@@ -1492,12 +1610,26 @@ static char *dup_opt(const char *p)
     return d;
 }
 
+/*
+ * Raise the soft descriptor limit to the hard one (capped at NOFILE_CAP, but
+ * at least @p want). Connections are not the only descriptors: every ZMQ
+ * listener holds one or two, so sizing the limit by max_connections alone
+ * made registrations fail with EMFILE once connections and listeners
+ * together passed it. An epoll server gains nothing from a low soft limit.
+ */
+#define NOFILE_CAP ((rlim_t)1 << 20)
+
 static void raise_nofile(unsigned want)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
         return;
-    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    rlim_t target = KVI_MAX(NOFILE_CAP, (rlim_t)want);
+    if (rl.rlim_max != RLIM_INFINITY && target > rl.rlim_max)
+        target = rl.rlim_max;
+    if (rl.rlim_cur >= target)
+        return;
+    rl.rlim_cur = target;
     setrlimit(RLIMIT_NOFILE, &rl);
 }
 

@@ -22,6 +22,17 @@
  * oversize HTTP/1.1 bodies. Handlers answer their own 400/415/422 with
  * kvi_http_error.
  *
+ * Timeouts (options.idle_timeout_ms, T). An HTTP/1.1 request must arrive
+ * whole (headers and body) within T of its first byte, and a kept-alive
+ * connection is closed after T without a request (h2o's req_timeout). An
+ * HTTP/2 connection is closed after T without a frame (h2o's idle timeout,
+ * with GOAWAY); h2o resets that timer on every frame, so this layer also
+ * shuts down any connection that has had no request dispatched for 2 T (a
+ * stream trickling its body, or PINGs alone, do not keep it). A pushed
+ * stream whose client takes nothing for T is cut (kvi_http_stream_write).
+ * An answer the client never reads otherwise holds its connection until the
+ * client closes: h2o 2.2 has no write timeout. Closes for T carry no answer.
+ *
  * Body limits. h2o 2.2 buffers the whole request body before the handler
  * runs. h2o enforces the largest configured limit (global or any route's)
  * while reading: an HTTP/1.1 request whose Content-Length is over it gets 413
@@ -133,7 +144,7 @@ struct kvi_http_options {
     const char *tls_cert_file;     /* PEM chain; with tls_key_file enables HTTPS */
     const char *tls_key_file;      /* PEM private key */
     const char *admin_token;       /* checked for KVI_HTTP_ROUTE_ADMIN routes; NULL = open */
-    unsigned idle_timeout_ms;      /* keep-alive / HTTP/2 idle / header read; default 60 000 */
+    unsigned idle_timeout_ms;      /* default 60 000; see Timeouts above */
     unsigned handshake_timeout_ms; /* TLS handshake; default 10 000 */
     unsigned max_connections;      /* open connections over all threads; default 16 384 */
     unsigned h2_max_streams;       /* concurrent requests per HTTP/2 connection; default 100 */
@@ -153,9 +164,12 @@ void kvi_http_options_init(struct kvi_http_options *o);
  * Create a server: set up h2o, load the TLS certificate if configured, and
  * bind and listen on every thread's socket (so the port is known at once).
  * Process-wide effects: SIGPIPE is ignored (writes to closed sockets must
- * fail with EPIPE instead), and the soft RLIMIT_NOFILE is raised towards the
- * hard limit when max_connections needs it. Connections wait in the backlog
- * until kvi_http_server_start.
+ * fail with EPIPE instead), and the soft RLIMIT_NOFILE is raised to the hard
+ * limit (capped at 1,048,576, but never below max_connections + 64 + 8 per
+ * thread when the hard limit allows): the process's other descriptors (a
+ * ZMQ socket per registered listener, peers, files) must not be limited by
+ * what HTTP connections need. Connections wait in the backlog until
+ * kvi_http_server_start.
  * @return the server, or NULL with errno set: EINVAL (bad options, TLS
  *         certificate or key unusable), EADDRINUSE / EACCES / other socket
  *         errors from bind or listen, ENOENT (host does not resolve).
@@ -306,9 +320,15 @@ struct kvi_http_stream *kvi_http_stream_open(struct kvi_http_res *res, int statu
 /**
  * Append @p len bytes (copied) to the body (the handle's one writer thread,
  * never a loop thread of this server). Blocks while more than
- * KVI_HTTP_STREAM_HIGH_WATER bytes wait to be sent.
- * @return 0, or -EPIPE when the client went away or shutdown cut the
- *         response (stop writing and end the stream).
+ * KVI_HTTP_STREAM_HIGH_WATER bytes wait to be sent, but not longer than
+ * options.idle_timeout_ms without the client taking a byte: then the
+ * connection is shut down (h2o 2.2 has no write timeout of its own) and the
+ * call fails, so a client that stops reading holds the writing thread for
+ * at most that long.
+ * @return 0; -EPIPE when the client went away or shutdown cut the response;
+ *         -ETIMEDOUT when the client took nothing for idle_timeout_ms (the
+ *         connection is being closed); -ENOMEM. On an error stop writing and
+ *         end the stream.
  */
 int kvi_http_stream_write(struct kvi_http_stream *s, const void *data, size_t len);
 
