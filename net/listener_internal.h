@@ -47,7 +47,8 @@ struct listener {
     uint8_t mode, policy;
     struct lis_thread *thr;
     struct kvi_listeners *lp;
-    struct listener *next; /* registry list: pool->mu */
+    struct listener *next, *prev; /* registry list, newest first: pool->mu */
+    struct listener *hnext;       /* registry hash chain by (ix, instance, dp_rank): pool->mu */
 
     /* pool->mu */
     uint8_t state;
@@ -152,6 +153,8 @@ struct kvi_listeners {
     pthread_mutex_t mu;  /* registry */
     struct listener *list;
     uint32_t n_list;
+    struct listener **bucket; /* hash of the list by key; n_bucket a power of two (or 0) */
+    uint32_t n_bucket;
     struct bind_reg *binds;
     struct kvi_listener_counters departed;
     uint64_t departed_unknown_topic;

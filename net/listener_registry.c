@@ -101,26 +101,84 @@ static bool key_match(const struct listener *l, struct kvi_index *ix, uint32_t i
     return l->ix == ix && l->instance == instance && l->dp_rank == rank;
 }
 
+/*
+ * The registry: a list (newest first, for listing and teardown) and a
+ * chained hash of it by (index, instance, dp_rank), so that finding, adding
+ * and removing a registration cost O(1) however many there are. A list walk
+ * per lookup made unregistering 10,000 workers oldest-first take 6.5-8.5 s,
+ * against 1.5 s newest-first (tests/api/kvidxd_faults_http_test.c).
+ * All under pool->mu.
+ */
+static uint32_t key_bucket(const struct kvi_listeners *lp, const struct kvi_index *ix, uint32_t inst, uint32_t rank)
+{
+    uint64_t h = (uint64_t)(uintptr_t)ix ^ ((uint64_t)inst << 32 | rank) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    return (uint32_t)h & (lp->n_bucket - 1);
+}
+
+static void hash_insert_locked(struct kvi_listeners *lp, struct listener *l)
+{
+    uint32_t b = key_bucket(lp, l->ix, l->instance, l->dp_rank);
+    l->hnext = lp->bucket[b];
+    lp->bucket[b] = l;
+}
+
+/* Grow the hash to at least twice the list's length (then rehash the list). */
+static void hash_reserve_locked(struct kvi_listeners *lp, uint32_t n)
+{
+    if (lp->n_bucket != 0 && n <= lp->n_bucket / 2)
+        return;
+    uint32_t nb = lp->n_bucket ? lp->n_bucket : 64;
+    while (n > nb / 2)
+        nb *= 2;
+    free(lp->bucket);
+    lp->bucket = kvi_xcalloc(nb, sizeof *lp->bucket);
+    lp->n_bucket = nb;
+    for (struct listener *l = lp->list; l != NULL; l = l->next)
+        hash_insert_locked(lp, l);
+}
+
 /* Find by key under pool->mu. */
 static struct listener *find_locked(struct kvi_listeners *lp, const struct kvi_listener_key *k)
 {
-    if (k == NULL || k->ix == NULL)
+    if (k == NULL || k->ix == NULL || lp->n_bucket == 0)
         return NULL;
     int64_t inst = kvi_index_find_instance(k->ix, k->instance_name ? 0 : k->instance_id, k->instance_name);
     if (inst < 0)
         return NULL;
-    for (struct listener *l = lp->list; l != NULL; l = l->next)
+    for (struct listener *l = lp->bucket[key_bucket(lp, k->ix, (uint32_t)inst, k->dp_rank)]; l != NULL; l = l->hnext)
         if (key_match(l, k->ix, (uint32_t)inst, k->dp_rank))
             return l;
     return NULL;
 }
 
+static void link_locked(struct kvi_listeners *lp, struct listener *l)
+{
+    hash_reserve_locked(lp, lp->n_list + 1);
+    l->prev = NULL;
+    l->next = lp->list;
+    if (lp->list != NULL)
+        lp->list->prev = l;
+    lp->list = l;
+    lp->n_list++;
+    hash_insert_locked(lp, l);
+}
+
 static void unlink_locked(struct kvi_listeners *lp, struct listener *l)
 {
-    for (struct listener **pp = &lp->list; *pp != NULL; pp = &(*pp)->next)
+    if (l->prev != NULL)
+        l->prev->next = l->next;
+    else
+        lp->list = l->next;
+    if (l->next != NULL)
+        l->next->prev = l->prev;
+    lp->n_list--;
+    for (struct listener **pp = &lp->bucket[key_bucket(lp, l->ix, l->instance, l->dp_rank)]; *pp != NULL;
+         pp = &(*pp)->hnext)
         if (*pp == l) {
-            *pp = l->next;
-            lp->n_list--;
+            *pp = l->hnext;
             break;
         }
     l->thr->load--;
@@ -256,15 +314,20 @@ int kvi_listeners_register(struct kvi_listeners *lp, const struct kvi_listener_s
 
     pthread_mutex_lock(&lp->ctl);
     pthread_mutex_lock(&lp->mu);
-    for (struct listener *o = lp->list; o != NULL; o = o->next) {
-        if (key_match(o, l->ix, l->instance, l->dp_rank) ||
-            (l->mode == KVI_LISTEN_BIND && o->mode == KVI_LISTEN_BIND && strcmp(o->endpoint, l->endpoint) == 0 &&
-             strcmp(o->topic, l->topic) == 0)) {
-            pthread_mutex_unlock(&lp->mu);
-            pthread_mutex_unlock(&lp->ctl);
-            listener_free(l);
-            return -EEXIST;
-        }
+    bool dup = false;
+    if (lp->n_bucket != 0)
+        for (struct listener *o = lp->bucket[key_bucket(lp, l->ix, l->instance, l->dp_rank)]; o != NULL && !dup;
+             o = o->hnext)
+            dup = key_match(o, l->ix, l->instance, l->dp_rank);
+    if (l->mode == KVI_LISTEN_BIND) /* a topic already bound on the endpoint */
+        for (struct listener *o = lp->list; o != NULL && !dup; o = o->next)
+            dup = o->mode == KVI_LISTEN_BIND && strcmp(o->endpoint, l->endpoint) == 0 &&
+                  strcmp(o->topic, l->topic) == 0;
+    if (dup) {
+        pthread_mutex_unlock(&lp->mu);
+        pthread_mutex_unlock(&lp->ctl);
+        listener_free(l);
+        return -EEXIST;
     }
     struct lis_thread *t = pick_thread_locked(lp, s);
     l->thr = t;
@@ -282,9 +345,7 @@ int kvi_listeners_register(struct kvi_listeners *lp, const struct kvi_listener_s
         }
         b->refs++;
     }
-    l->next = lp->list;
-    lp->list = l;
-    lp->n_list++;
+    link_locked(lp, l);
     pthread_mutex_unlock(&lp->mu);
     kvi_lis__call(t, CMD_ADD, l);
     pthread_mutex_unlock(&lp->ctl);
@@ -408,6 +469,7 @@ void kvi_listeners_destroy(struct kvi_listeners *lp)
     pthread_mutex_destroy(&lp->ctl);
     pthread_mutex_destroy(&lp->mu);
     free(lp->thr);
+    free(lp->bucket);
     free(lp);
 }
 

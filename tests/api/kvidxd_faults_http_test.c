@@ -1096,9 +1096,10 @@ static void do_round(const struct kfx_daemon *d, struct rh_keep *k, struct kvidx
     f->hold_ms = kfx_now_ms() - th;
     f->peak_rss_kb = rh_rss_kb(d->pid);
     f->peak_fds = rh_fd_count(d->pid);
-    /* newest first, as a fleet scaled down would leave */
+    /* oldest first: the order a list-walking registry handled worst
+     * (6.5-8.5 s before the registry's hash, 1.5 s newest first) */
     t0 = kfx_now_ms();
-    for (uint64_t id = N_WORKERS; id >= 1; id--) {
+    for (uint64_t id = 1; id <= N_WORKERS; id++) {
         snprintf(j, sizeof j, "{\"instance_id\":%llu,\"model_name\":\"m\"}", (unsigned long long)id);
         if (rh_keep_req(k, "/unregister", j) != 200)
             fail_msg("unregister %llu: %ld %s", (unsigned long long)id, k->r.status, k->r.body);
