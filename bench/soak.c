@@ -498,47 +498,28 @@ static void *lane_main(void *arg)
 
 /* ---- control: HTTP, /metrics, RSS ------------------------------------------------------- */
 
-struct text {
-    char *p;
-    size_t len, cap;
-};
-
-static int text_sink(void *ud, const void *data, size_t len)
-{
-    struct text *t = ud;
-    t->p = grow(t->p, &t->cap, t->len + len + 1, 1);
-    memcpy(t->p + t->len, data, len);
-    t->len += len;
-    t->p[t->len] = '\0';
-    return 0;
-}
-
 struct soak_ctl {
     struct kvi_e2e *e;
     struct kvi_http_client *http;
-    struct text t;
+    struct kvi_e2e_text t;
     int pid;
 };
 
 static int ctl_get(struct soak_ctl *c, const char *path, kvi_http_body_fn fn, void *ud, char *err, size_t el)
 {
-    char url[512];
-    snprintf(url, sizeof url, "%s%s", kvi_e2e_url(c->e), path);
-    struct kvi_http_result res;
-    int rc = kvi_http_get(c->http, url, fn, ud, &res);
+    char e[300];
+    int rc = kvi_e2e_get(c->http, kvi_e2e_url(c->e), path, fn, ud, e, sizeof e);
     if (rc != 0)
-        note(err, el, "GET %s: %d %.150s", path, res.status, res.error);
+        note(err, el, "%s", e);
     return rc;
 }
 
 static int ctl_post_json(struct soak_ctl *c, const char *path, const char *json, char *err, size_t el)
 {
-    char url[512];
-    snprintf(url, sizeof url, "%s%s", kvi_e2e_url(c->e), path);
-    struct kvi_http_result res;
-    int rc = kvi_http_post(c->http, url, "application/json", json, strlen(json), NULL, NULL, &res);
+    char e[300];
+    int rc = kvi_e2e_post_json(c->http, kvi_e2e_url(c->e), path, json, e, sizeof e);
     if (rc != 0)
-        note(err, el, "POST %s %.80s: %d %.100s", path, json, res.status, res.error);
+        note(err, el, "%s", e);
     return rc;
 }
 
@@ -561,7 +542,7 @@ static double lctr(const char *body, const char *name)
 static int read_metrics(struct soak_ctl *c, struct soak_metrics *m, char *err, size_t el)
 {
     c->t.len = 0;
-    int rc = ctl_get(c, "/metrics", text_sink, &c->t, err, el);
+    int rc = ctl_get(c, "/metrics", kvi_e2e_text_sink, &c->t, err, el);
     if (rc != 0 || c->t.p == NULL)
         return rc ? rc : -EPROTO;
     const char *b = c->t.p;

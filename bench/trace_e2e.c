@@ -64,14 +64,9 @@ struct kvi_e2e {
 
 /* ---- HTTP control requests -------------------------------------------------------------- */
 
-struct text {
-    char *p;
-    size_t len, cap;
-};
-
-static int text_sink(void *ud, const void *data, size_t len)
+int kvi_e2e_text_sink(void *ud, const void *data, size_t len)
 {
-    struct text *t = ud;
+    struct kvi_e2e_text *t = ud;
     if (t->len + len + 1 > t->cap) {
         t->cap = KVI_MAX(2 * t->cap, t->len + len + 1);
         t->p = kvi_xrealloc(t->p, t->cap);
@@ -82,27 +77,39 @@ static int text_sink(void *ud, const void *data, size_t len)
     return 0;
 }
 
-static int http_get(struct kvi_e2e *e, const char *path, struct text *t, char *err, size_t err_len)
+int kvi_e2e_get(struct kvi_http_client *http, const char *base, const char *path,
+                int (*fn)(void *ud, const void *data, size_t len), void *ud, char *err, size_t err_len)
 {
     char url[512];
-    snprintf(url, sizeof url, "%s%s", e->url, path);
-    t->len = 0;
+    snprintf(url, sizeof url, "%s%s", base, path);
     struct kvi_http_result res;
-    int rc = kvi_http_get(e->http, url, text_sink, t, &res);
+    int rc = kvi_http_get(http, url, fn, ud, &res);
     if (rc != 0 && err != NULL)
         snprintf(err, err_len, "GET %.80s: %d %.150s", url, res.status, res.error);
     return rc;
 }
 
-static int http_post_json(struct kvi_e2e *e, const char *path, const char *json, char *err, size_t err_len)
+int kvi_e2e_post_json(struct kvi_http_client *http, const char *base, const char *path, const char *json, char *err,
+                      size_t err_len)
 {
     char url[512];
-    snprintf(url, sizeof url, "%s%s", e->url, path);
+    snprintf(url, sizeof url, "%s%s", base, path);
     struct kvi_http_result res;
-    int rc = kvi_http_post(e->http, url, "application/json", json, strlen(json), NULL, NULL, &res);
+    int rc = kvi_http_post(http, url, "application/json", json, strlen(json), NULL, NULL, &res);
     if (rc != 0 && err != NULL)
         snprintf(err, err_len, "POST %.80s %.60s: %d %.100s", url, json, res.status, res.error);
     return rc;
+}
+
+static int http_get(struct kvi_e2e *e, const char *path, struct kvi_e2e_text *t, char *err, size_t err_len)
+{
+    t->len = 0;
+    return kvi_e2e_get(e->http, e->url, path, kvi_e2e_text_sink, t, err, err_len);
+}
+
+static int http_post_json(struct kvi_e2e *e, const char *path, const char *json, char *err, size_t err_len)
+{
+    return kvi_e2e_post_json(e->http, e->url, path, json, err, err_len);
 }
 
 /* ---- /metrics ---------------------------------------------------------------------------- */
@@ -145,7 +152,7 @@ struct msnap {
     uint32_t writers;
 };
 
-static int snap(struct kvi_e2e *e, struct text *t, struct msnap *m, char *err, size_t err_len)
+static int snap(struct kvi_e2e *e, struct kvi_e2e_text *t, struct msnap *m, char *err, size_t err_len)
 {
     int rc = http_get(e, "/metrics", t, err, err_len);
     if (rc != 0)
@@ -275,7 +282,7 @@ struct kvi_e2e *kvi_e2e_open(const struct kvi_e2e_cfg *cfg, char *err, size_t er
         kvi_e2e_close(e);
         return NULL;
     }
-    struct text t = {0};
+    struct kvi_e2e_text t = {0};
     uint64_t end = kvi_now_ns() + 10000000000ull;
     while ((rc = http_get(e, "/health", &t, err, err_len)) != 0 && kvi_now_ns() < end) {
         struct timespec ts = {0, 20000000};
@@ -802,7 +809,7 @@ static void unregister_all(struct e2e_run *r, uint32_t n)
 }
 
 /* Empty batches until kvidxd applied every one: each listener is connected and caught up. */
-static int handshake(struct e2e_run *r, struct text *t, struct kvi_e2e_extra *x)
+static int handshake(struct e2e_run *r, struct kvi_e2e_text *t, struct kvi_e2e_extra *x)
 {
     struct msnap m0, m;
     int rc = snap(r->e, t, &m0, x->first_error, sizeof x->first_error);
@@ -941,7 +948,7 @@ int kvi_e2e_run(struct kvi_e2e *e, const struct kvi_trace_workload *w, const str
         kvi_die("zmq_ctx_new failed");
     zmq_ctx_set(zctx, ZMQ_IO_THREADS, 1);
     zmq_ctx_set(zctx, ZMQ_MAX_SOCKETS, (int)KVI_MIN(2u * nw + 64u, 65536u)); /* a PUB and a ROUTER per worker */
-    struct text t = {0};
+    struct kvi_e2e_text t = {0};
     int rc = setup_publishers(&r, zctx, x);
     if (rc == 0)
         rc = register_all(&r, x);

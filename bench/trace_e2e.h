@@ -101,6 +101,29 @@ int kvi_e2e_pid(const struct kvi_e2e *e);
  */
 double kvi_e2e_metric_sum(const char *body, const char *name, const char *labels);
 
+struct kvi_http_client;
+
+/** A growing NUL-terminated text (an HTTP body). The owner frees p. */
+struct kvi_e2e_text {
+    char *p;
+    size_t len, cap;
+};
+
+/** Body callback (a kvi_http_body_fn) that appends to the struct kvi_e2e_text @p ud. @return 0. */
+int kvi_e2e_text_sink(void *ud, const void *data, size_t len);
+
+/**
+ * GET @p base + @p path with @p http (a client is used by one thread at a
+ * time), the body going to fn(ud). @return 0, or the client's error with
+ * "GET url: status error" in @p err (when err is not NULL).
+ */
+int kvi_e2e_get(struct kvi_http_client *http, const char *base, const char *path,
+                int (*fn)(void *ud, const void *data, size_t len), void *ud, char *err, size_t err_len);
+
+/** POST a JSON body, as kvi_e2e_get (the answer's body is dropped). */
+int kvi_e2e_post_json(struct kvi_http_client *http, const char *base, const char *path, const char *json, char *err,
+                      size_t err_len);
+
 /**
  * Replay @p w through kvidxd at cfg->window_ms (cfg->readers lanes; writers,
  * ring capacity, jump and key seed are kvidxd's own and ignored). Fills @p res
