@@ -1103,13 +1103,7 @@ static void test_replay_buffer_overrun(void **state)
     (void)state;
     struct kfx_daemon d;
     kfx_start(&d, NULL, NULL);
-    struct kvidx_pub_config pc;
-    kvidx_pub_config_init(&pc);
-    pc.endpoint = "tcp://127.0.0.1:*";
-    pc.replay_endpoint = "tcp://127.0.0.1:*";
-    pc.buffer_batches = 4;
-    struct kvidx_pub *p = kvidx_pub_create(&pc);
-    assert_non_null(p);
+    struct kvidx_pub *p = kfx_pub_ring(0, 4);
     dyn_register(&d, 4, kvidx_pub_endpoint(p), kvidx_pub_replay_endpoint(p));
     pub_chain(p, 0, 2);
     char *q0 = kfx_query_json("m", 0, 2);

@@ -1149,17 +1149,6 @@ static bool new_subscribers_fed(struct kvidx_pub *const *pubs, uint16_t (*known)
  * converges to the exact state.
  */
 #define RING 32
-static struct kvidx_pub *small_ring_pub(void)
-{
-    struct kvidx_pub_config pc;
-    kvidx_pub_config_init(&pc);
-    pc.endpoint = "tcp://127.0.0.1:*";
-    pc.replay_endpoint = "tcp://127.0.0.1:*";
-    pc.buffer_batches = RING;
-    struct kvidx_pub *p = kvidx_pub_create(&pc);
-    assert_non_null(p);
-    return p;
-}
 
 static void test_sigkill_restart_registered(void **state)
 {
@@ -1167,7 +1156,7 @@ static void test_sigkill_restart_registered(void **state)
     struct kfx_daemon a, b;
     kfx_start(&a, NULL, NULL);
     kfx_start(&b, NULL, NULL);
-    struct kvidx_pub *p0 = small_ring_pub(), *p1 = small_ring_pub();
+    struct kvidx_pub *p0 = kfx_pub_ring(0, RING), *p1 = kfx_pub_ring(0, RING);
     reg(&a, 1, p0);
     reg(&a, 2, p1);
     reg(&b, 1, p0);

@@ -472,17 +472,26 @@ KFX_FN uint64_t kfx_content(uint32_t c, uint32_t i)
     return kvi_hash_block(tok, KFX_BS, kvi_hash_seed(NULL, 0, NULL, 0));
 }
 
-/* A publisher on loopback with a replay ROUTER, ephemeral ports. */
-KFX_FN struct kvidx_pub *kfx_pub(int32_t rank)
+/* A publisher on loopback with a replay ROUTER keeping the last `ring`
+ * batches (0: the library's default), ephemeral ports. */
+KFX_FN struct kvidx_pub *kfx_pub_ring(int32_t rank, uint32_t ring)
 {
     struct kvidx_pub_config pc;
     kvidx_pub_config_init(&pc);
     pc.endpoint = "tcp://127.0.0.1:*";
     pc.replay_endpoint = "tcp://127.0.0.1:*";
     pc.dp_rank = rank;
+    if (ring != 0)
+        pc.buffer_batches = ring;
     struct kvidx_pub *p = kvidx_pub_create(&pc);
     assert_non_null(p);
     return p;
+}
+
+/* A publisher on loopback with a replay ROUTER, ephemeral ports. */
+KFX_FN struct kvidx_pub *kfx_pub(int32_t rank)
+{
+    return kfx_pub_ring(rank, 0);
 }
 
 /* Publish blocks [from, to) of chain c as one stored event in one batch on `medium` (NULL = GPU). */
