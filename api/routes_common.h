@@ -18,11 +18,12 @@
  *     thread, no lock, no log line. Per-thread scratch (parser scratch,
  *     output buffer, hash and result arrays) is reused across requests.
  *   - GET routes run inline and read the service's tables (api/service.h).
- *   - /register, /unregister, the test routes and /dump are handed to the
- *     service's control thread (kvi_service_post): mutations are serialised
- *     there and /dump needs the control thread's writer-pool producer. The
- *     request body is copied, the answer is deferred (kvi_http_defer) or, for
- *     /dump, streamed (kvi_http_stream_open) as the writers emit it.
+ *   - /register, /unregister and the test routes are handed to the
+ *     service's control thread (kvi_service_post), where mutations are
+ *     serialised; the request body is copied and the answer deferred
+ *     (kvi_http_defer). /dump also takes its turn there, but the control
+ *     thread only hands it to a dump thread (api/dump_pool.h), which streams
+ *     it (kvi_http_stream_open) as each partition's writer spools it.
  *   Mutating routes (/register, /unregister, peers, test routes) require the
  *   admin token when the server has one.
  *

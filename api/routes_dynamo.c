@@ -251,27 +251,27 @@ static void h_resume(const struct kvi_http_req *req, struct kvi_http_res *res, v
     kvi_routes_to_control(ud, req, res, KVI_R_TEST_RESUME);
 }
 
-/* ---- /dump: streamed from the control thread ---------------------------------------------------- */
+/* ---- /dump: encoded by the writers into a spool, streamed from a dump thread ------------------- */
 
 struct dump_req {
     struct kvi_http_stream *st;
+    uint64_t t0;
 };
 
+/* On the dump thread: may block while the client is slow (only this dump waits). */
 static int dump_sink(void *ctx, const char *data, size_t len)
 {
     struct dump_req *d = ctx;
     return kvi_http_stream_write(d->st, data, len);
 }
 
-static void run_dump(struct kvi_service *svc, void *arg)
+static void dump_done(void *ctx, int rc)
 {
-    struct dump_req *d = arg;
-    uint64_t t0 = kvi_now_ns();
-    int rc = kvi_service_ctl_dump(svc, dump_sink, d);
+    struct dump_req *d = ctx;
     if (rc != 0)
         kvi_log_warn("/dump cut short: %s", strerror(-rc));
     else
-        kvi_log_debug("/dump served in %.1f ms", (double)(kvi_now_ns() - t0) / 1e6);
+        kvi_log_debug("/dump served in %.1f ms", (double)(kvi_now_ns() - d->t0) / 1e6);
     kvi_http_stream_end(d->st, rc != 0);
     free(d);
 }
@@ -281,8 +281,9 @@ static void h_dump(const struct kvi_http_req *req, struct kvi_http_res *res, voi
     struct kvi_routes *rt = ud;
     (void)req;
     struct dump_req *d = kvi_xmalloc(sizeof *d);
+    d->t0 = kvi_now_ns();
     d->st = kvi_http_stream_open(res, 200, KVI_MIME_JSON);
-    if (kvi_service_post(rt->svc, run_dump, d) != 0) {
+    if (kvi_service_dump(rt->svc, dump_sink, dump_done, d) != 0) {
         kvi_http_stream_end(d->st, 1);
         free(d);
     }

@@ -2,7 +2,8 @@
  * kvidxd service state. DESIGN: see api/service.h (threads, tables, startup,
  * shutdown). In short: one control thread serialises every mutation and owns
  * a writer-pool producer; HTTP loop threads read the registry and the
- * Conductor roster through RCU and the other tables under `mu`.
+ * Conductor roster through RCU and the other tables under `mu`; /dump runs
+ * on the dump threads of api/dump_pool.h.
  */
 #include "api/service.h"
 
@@ -17,6 +18,7 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include "api/dump_pool.h"
 #include "api/recovery.h"
 #include "engine/common.h"
 #include "engine/rcu.h"
@@ -87,6 +89,7 @@ struct kvi_service {
     struct kvi_nsreg *nsreg;
     struct kvi_writer_pool *writers;
     struct kvi_listeners *listeners;
+    struct kvi_dump_pool *dumps; /* /dump threads */
 
     /* control thread */
     pthread_t ctl;
@@ -210,6 +213,11 @@ struct kvi_service *kvi_service_create(const struct kvi_service_config *cfg)
         err = errno;
         goto fail;
     }
+    svc->dumps = kvi_dump_pool_create(svc->writers, svc->nsreg, KVI_SVC_DUMP_THREADS);
+    if (svc->dumps == NULL) {
+        err = errno;
+        goto fail;
+    }
     return svc;
 fail:
     kvi_service_destroy(svc);
@@ -282,23 +290,24 @@ int kvi_service_stop(struct kvi_service *svc, uint32_t wait_ms)
     svc->ctl_quit = true;
     pthread_cond_broadcast(&svc->qcv);
     pthread_mutex_unlock(&svc->qmu);
+    kvi_dump_pool_close(svc->dumps);
+    struct timespec ts; /* one deadline for the control thread and the dump threads */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += wait_ms / 1000;
+    ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
     if (svc->ctl_started) {
-        if (wait_ms == 0) {
+        if (wait_ms == 0)
             pthread_join(svc->ctl, NULL);
-        } else {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += wait_ms / 1000;
-            ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            if (pthread_timedjoin_np(svc->ctl, NULL, &ts) != 0)
-                return -ETIMEDOUT;
-        }
+        else if (pthread_timedjoin_np(svc->ctl, NULL, &ts) != 0)
+            return -ETIMEDOUT;
         svc->ctl_started = false;
     }
+    if (kvi_dump_pool_join(svc->dumps, wait_ms == 0 ? NULL : &ts) != 0)
+        return -ETIMEDOUT;
     pthread_mutex_lock(&svc->qmu);
     svc->ctl_closed = true;
     pthread_mutex_unlock(&svc->qmu);
@@ -374,6 +383,7 @@ void kvi_service_destroy(struct kvi_service *svc)
         return;
     if (svc->ctl_started)
         kvi_service_stop(svc, 0);
+    kvi_dump_pool_destroy(svc->dumps); /* dumps may run without the control thread */
     for (struct svc_cmd *c = svc->qhead, *next; c != NULL; c = next) {
         next = c->next; /* posted but never run: the service was never started */
         free(c->arg);
@@ -477,7 +487,8 @@ static void ns_delete(struct kvi_service *svc, struct kvi_ns *ns)
     if (kvi_nsreg_unlink(svc->nsreg, ns) != 0)
         return;
     kvi_producer_forget_index(svc->prod, ns->ix);
-    kvi_ns_free(ns);
+    if (!kvi_dump_pool_defer_free(svc->dumps, ns)) /* else the last /dump holding it frees it */
+        kvi_ns_free(ns);
 }
 
 static void ns_ref(struct kvi_service *svc, struct kvi_ns *ns, int delta)
@@ -1311,32 +1322,29 @@ int kvi_service_encode_global_view(struct kvi_service *svc, enum kvi_body_enc en
 
 /* ---- /dump ----------------------------------------------------------------------------------- */
 
-int kvi_service_ctl_dump(struct kvi_service *svc, kvi_dump_sink_fn sink, void *sink_ctx)
+struct svc_dump_req {
+    kvi_dump_sink_fn sink;
+    kvi_dump_done_fn done;
+    void *ctx;
+};
+
+/* Control thread, in its turn (after startup and P2P recovery): hand the dump to a dump thread. Never blocks. */
+static void svc_dump_start(struct kvi_service *svc, void *arg)
 {
-    size_t cap = 16, n;
-    struct kvi_ns **list = NULL;
-    for (;;) {
-        list = kvi_xrealloc(list, cap * sizeof *list);
-        kvi_rcu_read_lock();
-        n = kvi_nsreg_list(svc->nsreg, list, cap);
-        kvi_rcu_read_unlock();
-        if (n <= cap)
-            break;
-        cap = n;
-    }
-    /* The pointers stay valid: only this (control) thread deletes namespaces. */
-    struct kvi_dump_enc enc;
-    kvi_dump_enc_init(&enc, sink, sink_ctx, 0);
-    kvi_dump_enc_begin(&enc);
-    for (size_t i = 0; i < n && enc.err == 0; i++) {
-        struct kvi_ns *ns = list[i];
-        kvi_dump_enc_ns_begin(&enc, zstr(ns->model), zstr(ns->tenant), ns->block_size, ns->ix);
-        kvi_producer_dump(svc->prod, ns->ix, kvi_dump_emit, &enc);
-        kvi_dump_enc_ns_end(&enc);
-    }
-    int rc = kvi_dump_enc_end(&enc);
-    kvi_dump_enc_free(&enc);
-    free(list);
+    struct svc_dump_req *r = arg;
+    int rc = kvi_dump_pool_submit(svc->dumps, r->sink, r->done, r->ctx);
+    if (rc != 0)
+        r->done(r->ctx, rc); /* -ESHUTDOWN (stop has begun), or no dump thread could start */
+    free(r);
+}
+
+int kvi_service_dump(struct kvi_service *svc, kvi_dump_sink_fn sink, kvi_dump_done_fn done, void *ctx)
+{
+    struct svc_dump_req *r = kvi_xmalloc(sizeof *r);
+    *r = (struct svc_dump_req){sink, done, ctx};
+    int rc = kvi_service_post(svc, svc_dump_start, r);
+    if (rc != 0)
+        free(r);
     return rc;
 }
 

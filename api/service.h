@@ -12,12 +12,22 @@
  *       never take a lock of this module.
  *     - One control thread owns a writer-pool producer and runs every
  *       mutation in arrival order: registrations, unregistrations, listener
- *       pause / resume, /dump (kvi_producer_dump needs a producer, which a
- *       loop thread must not own), the startup sequence and P2P recovery.
- *       Handlers hand work to it with kvi_service_post and answer through
+ *       pause / resume, the startup sequence and P2P recovery. Handlers
+ *       hand work to it with kvi_service_post and answer through
  *       kvi_http_defer / kvi_http_complete. Because it is the only thread
  *       that adds or deletes namespaces and table entries, it reads the
- *       tables without locking; it writes them under `mu`.
+ *       tables without locking; it writes them under `mu`. It never waits
+ *       for an HTTP client.
+ *     - Dump threads (api/dump_pool.h: up to KVI_SVC_DUMP_THREADS, started
+ *       on demand) serve /dump (kvi_service_dump: the control thread hands
+ *       each dump to them in its turn), each with its own writer-pool
+ *       producer (kvi_producer_dump_partition needs one, which a loop thread
+ *       must not own). Per namespace and partition, the partition's writer
+ *       encodes its blocks into the dump's spool (memory) and returns to its
+ *       events; the dump thread then hands the spool to the sink, which may
+ *       block on a slow client: that holds this dump only, never a writer,
+ *       the control thread or another dump. More dumps than threads wait in
+ *       a queue, in arrival order.
  *     - Writer threads (engine/writer.h) apply ops; listener threads
  *       (net/listener.h) feed them.
  *   Tables. Workers, services, namespace records and peers are guarded by
@@ -32,19 +42,23 @@
  *   registration under it goes. A Conductor context whose block size differs
  *   from an existing namespace of the same (model, tenant) lives under the
  *   registry key ("<model>#bs=<N>", tenant) (http-api.md §0: internally
- *   (model, tenant, block_size)); /dump shows that key.
+ *   (model, tenant, block_size)); /dump shows that key. A dump pins the
+ *   namespaces it listed until it has dumped each; deleting a pinned
+ *   namespace unlinks it and makes the writers forget it at once, and the
+ *   last dump holding it frees it (the control thread does not wait).
  *   Startup (newer Dynamo order, http-api.md §1.2): HTTP binds first; the
  *   control thread registers --workers (listeners pending: the pool is gated),
  *   runs P2P recovery when peers are configured, then opens the gate once the
  *   minimum number of instances is registered.
- *   Shutdown: kvi_service_begin_stop (cuts recovery short), stop HTTP,
- *   kvi_service_stop (the control thread completes what is queued with 503),
- *   kvi_service_destroy.
+ *   Shutdown: kvi_service_begin_stop (cuts recovery short), stop HTTP (its
+ *   streams are cut, so a dump's sink fails at once), kvi_service_stop (the
+ *   control thread completes what is queued with 503; dump threads finish
+ *   or fail what is queued and exit), kvi_service_destroy.
  *
  *   | call                                   | thread                          |
  *   |----------------------------------------|---------------------------------|
  *   | create, start, stop, destroy           | main                            |
- *   | begin_stop, post                       | any                             |
+ *   | begin_stop, post, dump                 | any                             |
  *   | kvi_service_ctl_*                      | the control thread (posted fns) |
  *   | nsreg, cond_find                       | RCU readers in a read section   |
  *   | encode_*, status, peers_*, counts      | any (take `mu` briefly);        |
@@ -60,10 +74,14 @@
 
 #include "api/codec.h"
 #include "api/codec_dump.h"
+#include "api/dump_pool.h"
 #include "engine/namespace.h"
 #include "engine/writer.h"
 #include "net/endpoint.h"
 #include "net/listener.h"
+
+/** At most this many /dump requests are served at once (one dump thread each). */
+#define KVI_SVC_DUMP_THREADS 4
 
 /** Defaults of kvidxd's command line. */
 #define KVI_SVC_DEFAULT_WRITERS 4
@@ -122,12 +140,15 @@ void kvi_service_begin_stop(struct kvi_service *svc);
 
 /**
  * Stop the control thread after it has run every posted function (each sees
- * kvi_service_stopping() true) and destroyed its producer. Main thread.
- * @param wait_ms  how long to wait for it (0 = as long as it takes)
- * @return 0, or -ETIMEDOUT when it is still busy after @p wait_ms (a posted
- *         function that did not return; a peer fetch of recovery stops within
- *         ~50 ms of kvi_service_begin_stop): the caller must then not destroy
- *         the service (exit the process).
+ * kvi_service_stopping() true) and destroyed its producer, and the dump
+ * threads after they have served every queued dump (new kvi_service_dump
+ * calls fail from now on). Main thread.
+ * @param wait_ms  how long to wait for them, in all (0 = as long as it takes)
+ * @return 0, or -ETIMEDOUT when one is still busy after @p wait_ms (a posted
+ *         function that did not return, a peer fetch of recovery (it stops
+ *         within ~50 ms of kvi_service_begin_stop), or a dump whose sink
+ *         still blocks (stop HTTP first: its streams then fail at once)): the
+ *         caller must then not destroy the service (exit the process).
  */
 int kvi_service_stop(struct kvi_service *svc, uint32_t wait_ms);
 
@@ -219,6 +240,31 @@ struct kvi_recovery_stats {
 };
 void kvi_service_recovery_stats(struct kvi_service *svc, struct kvi_recovery_stats *out);
 
+/* ---- /dump: dump threads -------------------------------------------------------------- */
+
+/**
+ * GET /dump (§1.11): encode every namespace registered when the dump starts
+ * (one consistent snapshot per partition, partitions one after the other;
+ * the dump as a whole is weakly consistent) on a dump thread, handing the
+ * body to @p sink (ctx @p ctx) as it is produced, then call @p done. Returns
+ * at once (any thread; an HTTP loop thread in kvidxd).
+ * The dump starts in the control thread's turn, after everything posted
+ * before it (the startup sequence and P2P recovery included: a replica that
+ * is still recovering serves its recovered state, not its empty start);
+ * the control thread only hands it to a dump thread and goes on. Each
+ * partition is encoded by its writer into memory without waiting for
+ * @p sink; @p sink runs on the dump thread and may block (memory held: the
+ * encoding of one partition of one namespace, plus what the sink keeps). A
+ * nonzero return of @p sink ends the dump. @p done(ctx, rc) gets 0 or the
+ * error (kvi_dump_done_fn; also -ESHUTDOWN, or -errno of pthread_create
+ * when no dump thread could be started, then on the control thread). A dump
+ * pins the namespaces it lists, so a concurrent deletion only frees one
+ * after the dump is done with it.
+ * @return 0 (@p done will be called), or -ESHUTDOWN once the control thread
+ *         has stopped: @p done is then not called and the caller keeps @p ctx.
+ */
+int kvi_service_dump(struct kvi_service *svc, kvi_dump_sink_fn sink, kvi_dump_done_fn done, void *ctx);
+
 /* ---- control thread (inside functions given to kvi_service_post) ------------------ */
 
 /**
@@ -244,13 +290,6 @@ int kvi_service_ctl_cond_unregister(struct kvi_service *svc, const struct kvi_co
                                     struct kvi_cond_key *removed, struct kvi_api_err *err);
 
 /**
- * GET /dump (§1.11): encode every namespace through the writers (one
- * consistent snapshot per partition), handing bytes to @p sink as they are
- * produced. @return 0, -ENOMEM or the sink's error.
- */
-int kvi_service_ctl_dump(struct kvi_service *svc, kvi_dump_sink_fn sink, void *sink_ctx);
-
-/**
  * Sleep up to @p ms on the control thread, waking early when shutdown begins.
  * @return false when shutdown has begun.
  */
@@ -269,7 +308,8 @@ struct kvi_ns *kvi_service_ctl_ns_get(struct kvi_service *svc, const char *model
                                       uint32_t block_size, bool *created);
 /**
  * Delete namespace @p ns if no registration uses it (recovery rollback):
- * unlink, make the writers forget it, free it. @return true when deleted.
+ * unlink, make the writers forget it, free it (or leave the free to the last
+ * dump that pins it). @return true when deleted.
  */
 bool kvi_service_ctl_ns_drop_unused(struct kvi_service *svc, struct kvi_ns *ns);
 

@@ -583,11 +583,19 @@ static void dump_on_writer(void *arg, uint32_t writer)
     kvi_index_dump_partition(d->ix, writer, d->emit, d->ctx);
 }
 
+void kvi_producer_dump_partition(struct kvi_producer *p, struct kvi_index *ix, uint32_t part, kvi_dump_fn emit,
+                                 void *ctx)
+{
+    if (part >= kvi_index_n_parts(ix) || part >= p->pool->n)
+        return;
+    struct dump_call d = {ix, emit, ctx};
+    kvi_producer_call(p, part, dump_on_writer, &d); /* partition `part` is writer `part`'s */
+}
+
 void kvi_producer_dump(struct kvi_producer *p, struct kvi_index *ix, kvi_dump_fn emit, void *ctx)
 {
-    struct dump_call d = {ix, emit, ctx};
     for (uint32_t w = 0; w < kvi_index_n_parts(ix) && w < p->pool->n; w++)
-        kvi_producer_call(p, w, dump_on_writer, &d);
+        kvi_producer_dump_partition(p, ix, w, emit, ctx);
 }
 
 void kvi_writer_stats(const struct kvi_writer_pool *pool, uint32_t wi, struct kvi_writer_stats *st)

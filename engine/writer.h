@@ -23,7 +23,7 @@
  *   | pool_create / pool_destroy | control plane (destroy after producers)  |
  *   | producer_create / _destroy | the producer's own thread or control     |
  *   | op_alloc, submit, flush    | the producer's owning thread only        |
- *   | call, dump                 | any thread that owns a producer          |
+ *   | call, dump, dump_partition | any thread that owns a producer          |
  *   | pool_stats                 | any thread (approximate)                 |
  */
 #ifndef KVI_ENGINE_WRITER_H
@@ -204,9 +204,29 @@ void kvi_producer_call(struct kvi_producer *p, uint32_t writer, void (*fn)(void 
  * Dump index @p ix through the writers: each partition is emitted on its own
  * writer thread (a consistent snapshot of that partition at a point in its
  * event stream), one partition after the other; @p emit is never called
- * concurrently with itself. Owning thread of @p p only.
+ * concurrently with itself. Same as kvi_producer_dump_partition for every
+ * partition in turn (see there: @p emit must not block). Owning thread of
+ * @p p only.
  */
 void kvi_producer_dump(struct kvi_producer *p, struct kvi_index *ix, kvi_dump_fn emit, void *ctx);
+
+/**
+ * Dump partition @p part of index @p ix on its writer thread, after
+ * everything this producer submitted before, and wait until it is done.
+ * @p emit(ctx, block) is called once per held block, on the writer, with
+ * nothing applied to the partition meanwhile: the blocks are a consistent
+ * snapshot of the partition at one point of its event stream (parents before
+ * children). Because the writer applies nothing else while @p emit runs,
+ * @p emit must not block (on a network client, say): collect the blocks in
+ * memory and send them from the calling thread after the call returns.
+ * Whatever @p emit wrote to @p ctx is visible to the caller on return.
+ * Nothing is emitted when @p part >= kvi_index_n_parts(ix) or >= the pool's
+ * writer count. @p ix must stay allocated until the call returns; the dump
+ * changes none of its blocks, so an index whose writers already forgot it
+ * (kvi_producer_forget_index) may still be dumped. Owning thread of @p p only.
+ */
+void kvi_producer_dump_partition(struct kvi_producer *p, struct kvi_index *ix, uint32_t part, kvi_dump_fn emit,
+                                 void *ctx);
 
 /**
  * Make every writer forget index @p ix (reclaiming its retired memory) after
