@@ -75,6 +75,7 @@ struct opts {
     long writer_threads;
     long http_threads;
     long listener_threads;
+    long replay_timeout_ms;
     long block_size;
     const char *workers;
     const char *model_name;
@@ -123,6 +124,7 @@ static void usage(FILE *f)
             "  --http-threads N       HTTP event-loop threads, SO_REUSEPORT (default 2)\n"
             "  --writer-threads N     same as --threads (wins when both are given)\n"
             "  --listener-threads N   ZMQ listener threads (default 0 = 1, or 2 with more than 4 CPUs)\n"
+            "  --replay-timeout-ms N  give up a replay after N ms without progress (default 5000)\n"
             "  --body-limit BYTES     request body limit of every route but /query (default 2097152)\n"
             "  --query-body-limit BYTES  body limit of /query (default 8388608 = 8 MiB)\n"
             "  --tls-cert FILE        PEM certificate chain: serve HTTPS (HTTP/2 via ALPN) ...\n"
@@ -211,7 +213,7 @@ static int min_initial_workers(uint64_t *out)
 
 enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
-    O_WRITER_THREADS, O_LISTENER_THREADS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN,
+    O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN,
     O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_PORT_FILE, O_HELP, O_VERSION,
     O_DEMO, O_DEMO_TRACE, O_DEMO_WORKERS,
 };
@@ -230,6 +232,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"http-threads", required_argument, NULL, O_HTTP_THREADS},
         {"writer-threads", required_argument, NULL, O_WRITER_THREADS},
         {"listener-threads", required_argument, NULL, O_LISTENER_THREADS},
+        {"replay-timeout-ms", required_argument, NULL, O_REPLAY_TIMEOUT},
         {"body-limit", required_argument, NULL, O_BODY_LIMIT},
         {"query-body-limit", required_argument, NULL, O_QUERY_LIMIT},
         {"tls-cert", required_argument, NULL, O_TLS_CERT},
@@ -260,6 +263,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case O_HTTP_THREADS: rc = parse_long("--http-threads", optarg, 1, 64, &o->http_threads); break;
         case O_LISTENER_THREADS:
             rc = parse_long("--listener-threads", optarg, 0, KVI_LISTEN_MAX_THREADS, &o->listener_threads);
+            break;
+        case O_REPLAY_TIMEOUT:
+            rc = parse_long("--replay-timeout-ms", optarg, 1, 3600000, &o->replay_timeout_ms);
             break;
         case O_BLOCK_SIZE: rc = parse_long("--block-size", optarg, 1, UINT32_MAX, &o->block_size); break;
         case O_WORKERS: o->workers = optarg; break;
@@ -428,6 +434,7 @@ int main(int argc, char **argv)
     struct kvi_service_config sc = {
         .writer_threads = (uint32_t)o.writer_threads,
         .listener_threads = (uint32_t)o.listener_threads,
+        .replay_timeout_ms = (uint32_t)o.replay_timeout_ms,
         .min_initial_workers = min_workers,
         .workers = workers,
         .n_workers = n_workers,

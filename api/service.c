@@ -205,6 +205,7 @@ struct kvi_service *kvi_service_create(const struct kvi_service_config *cfg)
     }
     struct kvi_listeners_config lc = {
         .threads = cfg->listener_threads,
+        .replay_timeout_ms = cfg->replay_timeout_ms,
         .gated = true,
         .quiet = cfg->listeners_quiet,
     };

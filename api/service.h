@@ -91,6 +91,7 @@
 struct kvi_service_config {
     uint32_t writer_threads;      /* partitions per index = writer threads; 0 = 4 */
     uint32_t listener_threads;    /* 0 = the listener pool's default */
+    uint32_t replay_timeout_ms;   /* a replay without progress this long is given up; 0 = 5 s */
     uint32_t ring_capacity;       /* per (producer, writer) ring; 0 = writer default */
     uint64_t min_initial_workers; /* DYN_ROUTER_MIN_INITIAL_WORKERS; 0 = no gate */
     /* --workers, registered at startup under (model_name, tenant_id, block_size) */

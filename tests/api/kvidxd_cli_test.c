@@ -73,6 +73,7 @@ static void test_help(void **state)
                           "--workers LIST", "instance_id[:dp_rank]=zmq_endpoint", "--model-name NAME",
                           "--tenant-id NAME", "--peers URLS", "--host ADDR", "(default 0.0.0.0)",
                           "--http-threads N", "(default 2)", "--writer-threads N", "--listener-threads N",
+                          "--replay-timeout-ms N", "(default 5000)",
                           "--body-limit BYTES", "(default 2097152)", "--query-body-limit BYTES", "8 MiB",
                           "--tls-cert FILE", "--tls-key FILE", "--admin-token TOKEN", "--log-level LEVEL",
                           "(default info)", "--api MODE", "--recovery-delay-ms N", "(default 1000)",
@@ -109,6 +110,9 @@ static void test_startup_errors(void **state)
     assert_int_equal(run_capture(a8, NULL, out, sizeof out), 2);
     const char *a9[] = {"--port", "0", "--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key", NULL};
     assert_int_equal(run_capture(a9, NULL, out, sizeof out), 1);
+    const char *a10[] = {"--replay-timeout-ms", "0", NULL};
+    assert_int_equal(run_capture(a10, NULL, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--replay-timeout-ms: invalid value '0'"));
 }
 
 static void test_signals(void **state)

@@ -47,7 +47,6 @@
 
 #include "kvidxd_fixture.h"
 #include "net/decode.h"   /* KVI_DECODE_MAX_FRAME */
-#include "net/listener.h" /* KVI_LISTEN_DEFAULT_REPLAY_TIMEOUT_MS */
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FI_ASAN 1
@@ -57,8 +56,11 @@
 #endif
 #endif
 
-/* kvidxd has no command-line flag for the replay timeout: it runs with the pool default. */
-#define REPLAY_TIMEOUT_MS KVI_LISTEN_DEFAULT_REPLAY_TIMEOUT_MS
+/* The replay timeout the silent/slow case gives kvidxd (--replay-timeout-ms),
+ * shorter than the 5 s default so the case takes seconds, not tens. */
+#define REPLAY_TIMEOUT_MS 2500
+#define DEFAULT_REPLAY_TIMEOUT_MS 5000 /* what the other cases' kvidxd runs with */
+static const char *const short_replay_timeout[] = {"--replay-timeout-ms", "2500", NULL};
 
 static int teardown(void **state)
 {
@@ -435,7 +437,7 @@ static void test_publisher_restart(void **state)
     want_chain(&w, 2, 2, 0, 2);
     until_dump(&d, &w, both, 1);
     assert_int_equal(metric(&d, "restarts"), 2);
-    if (kfx_now_ms() - t_stuck < REPLAY_TIMEOUT_MS) /* the restart ended the stuck replay, not the timeout */
+    if (kfx_now_ms() - t_stuck < DEFAULT_REPLAY_TIMEOUT_MS) /* the restart ended the stuck replay, not the timeout */
         assert_int_equal(metric(&d, "replay_timeouts"), 0);
     for (uint32_t c = 12; c <= 14; c++)
         assert_int_equal(score(&d, c, 4, 1), 0);
@@ -939,8 +941,8 @@ static int rp_wait_request(struct rproxy *rp, uint64_t n, uint64_t from)
 }
 
 /*
- * GUARANTEE: a replay that makes no progress for the replay timeout (5 s,
- * KVI_LISTEN_DEFAULT_REPLAY_TIMEOUT_MS; kvidxd has no flag for it) is given
+ * GUARANTEE: a replay that makes no progress for the replay timeout
+ * (--replay-timeout-ms, default 5 s; 2.5 s here) is given
  * up: counted in replay_timeouts and replay_fallbacks, the missing batches
  * counted in `lost`, the DEALER closed, and the live batches buffered
  * meanwhile applied in seq order; live batches are applied normally from
@@ -958,7 +960,7 @@ static void test_replay_silent_or_slow(void **state)
 {
     (void)state;
     struct kfx_daemon d;
-    kfx_start(&d, NULL, NULL);
+    kfx_start(&d, short_replay_timeout, NULL);
     void *zctx = zmq_ctx_new();
     struct kvidx_pub *p = kfx_pub(0);
     struct rproxy rp;
