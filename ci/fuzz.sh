@@ -45,7 +45,7 @@ dir="${KVI_FUZZ_DIR:-build/fuzz}" # the build tree (the corpus and findings live
 start=$(date +%s)
 mkdir -p "$dir/logs"
 # clang 14 builds the fuzz targets without a warning, so CI treats any as
-# an error here too (net/decode.c's branch-free `&` of two bools is cast).
+# an error here too (net/decode_event.c's branch-free `&` of two bools is cast).
 werror="${KVI_WERROR:-OFF}"
 if [ -n "${CI:-}" ]; then werror=ON; fi
 if ! { cmake -S . -B "$dir" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=asan -DKVI_FUZZ=ON \

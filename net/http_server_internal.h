@@ -1,0 +1,249 @@
+/*
+ * HTTP server internals shared by net/http_server.c (the server, its loop
+ * threads, connections and shutdown), net/http_request.c (dispatch, whole
+ * and deferred answers, per-request state) and net/http_stream.c (pulled
+ * and pushed streams). Not installed; see net/http_server.h for the public
+ * API and net/http_server.c for the design.
+ */
+#ifndef KVI_NET_HTTP_SERVER_INTERNAL_H
+#define KVI_NET_HTTP_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <h2o.h>
+#include <openssl/ssl.h>
+
+#include "engine/common.h"
+#include "net/http_server.h"
+
+/* ---- types ---- */
+
+struct route {
+    char *path;
+    size_t path_len;
+    unsigned methods;
+    kvi_http_handler_fn fn;
+    void *ud;
+    size_t body_limit;
+    unsigned flags;
+    char allow[64]; /* methods of every route with this path, for 405 */
+};
+
+/* One route's counters on one thread: written by that loop only. */
+struct ctr {
+    _Atomic uint64_t requests;
+    _Atomic uint64_t status[6];
+    _Atomic uint64_t aborted;
+    _Atomic uint64_t bytes_in;
+    _Atomic uint64_t bytes_out;
+    _Atomic uint64_t lat_sum;
+    _Atomic uint64_t lat[KVI_HTTP_LATENCY_BUCKETS + 1];
+} KVI_CACHE_ALIGNED;
+
+struct worker;
+
+/* A message to a loop (see the table in net/http_server.c). */
+struct msg {
+    h2o_multithread_message_t super;
+    void (*fn)(struct worker *w, struct msg *m);
+};
+
+enum { W_RUNNING, W_DRAINING, W_DONE };
+
+struct worker {
+    struct kvi_http_server *srv;
+    unsigned idx;
+    int listen_fd;
+    pthread_t tid;
+    bool thread_started;
+    bool ready;              /* context set up (guarded by srv->ready_mu) */
+    /* Gate for messages from other threads: a sender holds mu while it checks
+     * `alive` and sends; the loop clears `alive` under mu before it drains
+     * its receiver and tears down, so no message can arrive after that. */
+    pthread_mutex_t mu;
+    bool alive;
+    h2o_context_t ctx;
+    h2o_accept_ctx_t accept_ctx;
+    h2o_socket_t *listener;
+    h2o_multithread_receiver_t receiver;
+    struct msg stop_msg;
+    h2o_timeout_t sweep_timeout;
+    h2o_timeout_entry_t sweep_entry;
+    h2o_timeout_t pause_timeout;
+    h2o_timeout_entry_t pause_entry;
+    h2o_timeout_t reap_timeout;     /* idle reaper period (see on_reap) */
+    h2o_timeout_entry_t reap_entry;
+    h2o_linklist_t conns;    /* struct conn */
+    size_t nconns;
+    h2o_linklist_t deferred; /* struct kvi_http_deferred whose request is alive */
+    h2o_linklist_t streams;  /* struct kvi_http_stream whose request is alive and unfinished */
+    int state;               /* W_* (loop thread) */
+    uint64_t deadline;       /* loop clock, ms */
+    bool forced;
+    void *thread_ctx;
+    struct ctr *ctr;         /* nroutes + 1 (the last: unmatched) */
+    _Atomic uint64_t in_flight;
+    _Atomic unsigned listening;
+};
+
+/* One accepted connection (loop thread only). */
+struct conn {
+    h2o_linklist_t link;
+    h2o_linklist_t reqs; /* struct kvi_http_res in flight on it */
+    struct worker *w;
+    int fd;
+    unsigned inflight;
+    uint64_t idle_since; /* loop clock (ms) when inflight last became 0, or the accept */
+    bool shut;
+};
+
+struct handler_ext {
+    h2o_handler_t super;
+    struct kvi_http_server *srv;
+};
+
+struct kvi_http_server {
+    struct kvi_http_options opt;
+    h2o_globalconf_t cfg;
+    h2o_hostconf_t *hostconf;
+    SSL_CTX *ssl;
+    struct route *routes;
+    int nroutes;
+    int routes_cap;
+    struct worker *workers;
+    unsigned nthreads;
+    uint16_t port;
+    _Atomic bool started;
+    pthread_mutex_t stop_mu;
+    pthread_mutex_t ready_mu;
+    pthread_cond_t ready_cv;
+    bool stopped;
+    int stop_result;
+    _Atomic bool forced;
+    _Atomic uint64_t conns_open;
+    _Atomic uint64_t conns_accepted;
+    _Atomic uint64_t conns_rejected;
+    _Atomic int64_t outstanding; /* deferred handles not completed + streams not ended */
+};
+
+enum { R_NONE, R_DONE, R_DEFERRED, R_PULL, R_PUSH };
+
+/* Per-request state: a shared chunk on the request's pool (see net/http_request.c). */
+struct kvi_http_res {
+    h2o_req_t *req;
+    struct worker *w;
+    struct conn *conn;        /* NULL once the connection record is gone */
+    h2o_linklist_t conn_link; /* in conn->reqs */
+    int ctr_idx;              /* route id, or nroutes for unmatched */
+    int state;                /* R_* */
+    int status;
+    bool head;
+    bool accounted; /* counted as answered or aborted */
+    uint64_t t0;
+    struct kvi_http_deferred *def;
+    struct kvi_http_stream *stream;
+    struct {
+        struct kvi_http_producer p;
+        void *buf;
+        uint64_t bytes;
+        bool released;
+    } pull;
+    h2o_generator_t gen;
+};
+
+struct kvi_http_deferred {
+    struct msg msg;
+    struct worker *w;
+    struct kvi_http_res *res; /* loop thread only; NULL once the request died or was answered */
+    h2o_linklist_t link;      /* in w->deferred while res != NULL */
+    int status;
+    char *chunk;              /* h2o shared chunk: body, then the content type and a NUL */
+    size_t len;
+    bool has_ctype;
+};
+
+struct chunk {
+    struct chunk *next;
+    size_t len;
+    size_t cap;
+    char data[];
+};
+
+struct kvi_http_stream {
+    struct msg wake;
+    struct worker *w;
+    h2o_generator_t gen;
+    /* loop thread only */
+    struct kvi_http_res *res; /* NULL once the request died */
+    h2o_linklist_t link;      /* in w->streams while res != NULL and unfinished */
+    struct chunk *sending;    /* handed to h2o, freed at the next proceed or at dispose */
+    uint64_t bytes;
+    bool finished;            /* final send done */
+    bool head;                /* HEAD request: writes are discarded */
+    /* guarded by mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct chunk *head_chunk;
+    struct chunk **tail;
+    size_t queued;
+    bool ended;
+    int error;
+    bool gone;
+    bool stalled;      /* the client took nothing for stall_ms: the loop cuts the connection */
+    bool loop_idle;    /* the generator waits for data */
+    bool wake_pending; /* wake message queued */
+    uint64_t taken;    /* bytes the loop has taken from the queue (progress) */
+    unsigned stall_ms; /* the server's idle_timeout_ms */
+    int refs;
+};
+
+/* ---- shared between the three files ---------------------------------------- */
+
+/* http_server.c */
+
+/** Post @p m to loop @p w from any thread (run here, only freeing, once the loop is gone). */
+void kvi_http__post(struct worker *w, struct msg *m);
+
+/** The connection record of @p req, or NULL (not one of ours, or already closed). */
+struct conn *kvi_http__conn_of(h2o_req_t *req);
+
+/* http_request.c */
+
+/** The h2o handler at "/": route, check and call the route's callback. */
+int kvi_http__on_req(h2o_handler_t *self, h2o_req_t *req);
+
+/** The fallback path's filter: h2o's own error answers become JSON. */
+void kvi_http__errjson_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot);
+
+/** Die if @p r was answered already. */
+void kvi_http__answer_check(struct kvi_http_res *r);
+
+/** Set the status, reason and content type (NULL: none) of @p req's answer. */
+void kvi_http__set_head(h2o_req_t *req, int status, const char *ctype);
+
+/** Count @p r as answered with @p status and @p bytes_out body bytes. */
+void kvi_http__res_count_answer(struct kvi_http_res *r, int status, uint64_t bytes_out);
+
+/** Count @p r as aborted. */
+void kvi_http__res_count_abort(struct kvi_http_res *r);
+
+/** Answer @p r with a JSON error {"error": text}. */
+void kvi_http__send_error(struct kvi_http_res *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* http_stream.c */
+
+/** Free a list of pushed-stream chunks. */
+void kvi_http__free_chunks(struct chunk *c);
+
+/** Free @p st when @p last (its last reference was just dropped). */
+void kvi_http__stream_release(struct kvi_http_stream *st, bool last);
+
+/** Mark pushed stream @p st finished and count its request answered (@p ok) or aborted. */
+void kvi_http__push_finish(struct kvi_http_stream *st, bool ok);
+
+#endif
