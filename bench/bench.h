@@ -19,5 +19,6 @@ int kvi_bench_ingest(int argc, char **argv);
 uint64_t kvi_bench_rand(uint64_t *state);  /* splitmix64 */
 double kvi_bench_pct(uint64_t *sorted_ns, size_t n, double p);
 int kvi_bench_cmp_u64(const void *a, const void *b);
+double kvi_bench_proc_cpu_s(int pid); /* user + system CPU seconds of a process; -1 when unknown */
 
 #endif

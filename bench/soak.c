@@ -46,6 +46,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "bench/bench.h"
 #include "bench/h2c.h"
 #include "bench/hist.h"
 #include "bench/mock_engine.h"
@@ -611,24 +612,6 @@ static bool alive(int pid)
     buf[n] = '\0';
     const char *p = strrchr(buf, ')');
     return p != NULL && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X' && p[2] != 'x';
-}
-
-/* user + system CPU seconds of a process (-1 when unknown) */
-static double proc_cpu_s(int pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')'); /* the command may contain spaces */
-    unsigned long ut = 0, st = 0;
-    if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-        return -1;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
 /* One sample of kvidxd: RSS and, from /metrics, what it holds and what is in flight. */
@@ -1254,9 +1237,9 @@ int kvi_soak_run(const struct kvi_soak_cfg *cfg, struct kvi_soak_result *res)
         struct sample x;
         take_sample(&r, &c, &m0, 0, &x);
         rss_add(&rs, &x);
-        double cpu0 = proc_cpu_s(c.pid);
+        double cpu0 = kvi_bench_proc_cpu_s(c.pid);
         run_load(&r, &c, &m0, &rs, res);
-        double cpu1 = proc_cpu_s(c.pid);
+        double cpu1 = kvi_bench_proc_cpu_s(c.pid);
         res->kvidxd_cpu_s = cpu0 >= 0 && cpu1 >= 0 ? cpu1 - cpu0 : -1;
         gather(&r, res);
         bool drained = false;

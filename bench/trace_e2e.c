@@ -40,6 +40,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "bench/bench.h"
 #include "bench/h2c.h"
 #include "bench/hist.h"
 #include "engine/common.h"
@@ -337,26 +338,6 @@ int kvi_e2e_pid(const struct kvi_e2e *e)
 double kvi_e2e_metric_sum(const char *body, const char *name, const char *labels)
 {
     return msum(body, name, labels, NULL);
-}
-
-/* user + system CPU seconds of a process (-1 when unknown) */
-static double proc_cpu_s(pid_t pid)
-{
-    if (pid <= 0)
-        return -1;
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')'); /* the command may contain spaces */
-    unsigned long ut = 0, stt = 0;
-    if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stt) != 2)
-        return -1;
-    return (double)(ut + stt) / (double)sysconf(_SC_CLK_TCK);
 }
 
 /* ---- lanes ------------------------------------------------------------------------------------ */
@@ -965,7 +946,7 @@ int kvi_e2e_run(struct kvi_e2e *e, const struct kvi_trace_workload *w, const str
             kvi_die("out of memory");
         memset(lanes, 0, cfg->readers * sizeof *lanes);
         split_lanes(w, lanes, cfg->readers);
-        double cpu0 = proc_cpu_s(e->pid);
+        double cpu0 = kvi_bench_proc_cpu_s((int)e->pid);
         run_lanes(&r, lanes, cfg->readers);
         uint64_t t0 = atomic_load(&r.t0), t_last_issue = t0, published = 0;
         for (uint32_t k = 0; k < cfg->readers; k++) {
@@ -992,7 +973,7 @@ int kvi_e2e_run(struct kvi_e2e *e, const struct kvi_trace_workload *w, const str
             t_end = kvi_now_ns();
         x->drain_poll_ms = polls ? (double)poll_ns / (double)polls / 1e6 : 0;
         if (e->pid > 0 && cpu0 >= 0)
-            x->server_cpu_s = proc_cpu_s(e->pid) - cpu0;
+            x->server_cpu_s = kvi_bench_proc_cpu_s((int)e->pid) - cpu0;
         for (uint32_t k = 0; k < cfg->readers; k++)
             pthread_join(lanes[k].tid, NULL);
         pthread_barrier_destroy(&r.ready);
