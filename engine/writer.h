@@ -217,8 +217,10 @@ void kvi_producer_dump(struct kvi_producer *p, struct kvi_index *ix, kvi_dump_fn
  * nothing applied to the partition meanwhile: the blocks are a consistent
  * snapshot of the partition at one point of its event stream (parents before
  * children). Because the writer applies nothing else while @p emit runs,
- * @p emit must not block (on a network client, say): collect the blocks in
- * memory and send them from the calling thread after the call returns.
+ * @p emit should not block (on a network client, say): collect the blocks in
+ * memory and send them from the calling thread after the call returns. If
+ * it does block, the partition's writer waits with it (the daemon's /dump
+ * accepts that past 64 MiB of spool, bounded by its idle timeout).
  * Whatever @p emit wrote to @p ctx is visible to the caller on return.
  * Nothing is emitted when @p part >= kvi_index_n_parts(ix) or >= the pool's
  * writer count. @p ix must stay allocated until the call returns; the dump

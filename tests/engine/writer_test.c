@@ -765,7 +765,8 @@ static void test_call_runs_on_writer(void **state)
 }
 
 /* kvi_producer_dump: every partition emitted once, on its own writer, never
- * concurrently; the union equals a direct dump of the same ops. */
+ * concurrently; the union equals a direct dump of the same ops. Then each
+ * partition alone through kvi_producer_dump_partition. */
 static void test_dump_matches_direct(void **state)
 {
     const uint32_t nw = 3, ni = 9;
@@ -831,6 +832,18 @@ static void test_dump_matches_direct(void **state)
                                  .blocks = e.blocks,
                                  .hashes = e.hashes,
                              });
+    /* kvi_producer_dump_partition: one partition, on its own writer, whole;
+     * a partition past the index's or the pool's count emits nothing */
+    for (uint32_t w = 0; w <= nw; w++) {
+        struct snap pw = {0};
+        kvi_producer_dump_partition(p, ix, w, snap_emit, &pw);
+        assert_int_equal(pw.n, w < nw ? want_part[w] : 0);
+        for (size_t i = 0; i < pw.n; i++) {
+            assert_int_equal(kvi_index_partition_of(ix, pw.r[i].inst), w);
+            assert_true(pthread_equal(pw.thr[i], thr[w]));
+        }
+        snap_free(&pw);
+    }
     kvi_producer_forget_index(p, ix);
     kvi_producer_destroy(p);
     kvi_writer_pool_destroy(pool);
