@@ -2,8 +2,8 @@
 /*
  * The ingest half of the fault matrix (issue 7 §3), against the real kvidxd
  * binary: real ZMQ publishers (the C publisher library), a lossy forwarder
- * and a replay proxy owned by this test, and exact final states read back
- * through /dump, /query and /metrics.
+ * and a replay proxy owned by this test (kvidxd_zmqfault.h), and exact final
+ * states read back through /dump, /query and /metrics.
  *
  *   1. publisher killed and restarted on the same endpoints (seq back to 0):
  *      the worker ends with exactly the new publisher's blocks (gpu and cpu
@@ -46,6 +46,7 @@
 #include <zmq.h>
 
 #include "kvidxd_fixture.h"
+#include "kvidxd_zmqfault.h"
 #include "net/decode.h"   /* KVI_DECODE_MAX_FRAME */
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -450,113 +451,6 @@ static void test_publisher_restart(void **state)
 
 /* ---- 2. random batch loss with replay ------------------------------------------------- */
 
-static uint64_t be64(const void *p)
-{
-    const uint8_t *b = p;
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = (v << 8) | b[i];
-    return v;
-}
-
-/*
- * Receive one multipart message into fr[0 .. max); frames past max are
- * received and dropped. @return the frame count (close min(count, max)
- * frames), 0 when @p flags has ZMQ_DONTWAIT and nothing was queued.
- */
-static int recv_multipart(void *zs, zmq_msg_t *fr, int max, int flags)
-{
-    zmq_msg_t extra;
-    int n = 0;
-    for (bool more = true; more; n++) {
-        zmq_msg_t *m = n < max ? &fr[n] : &extra;
-        zmq_msg_init(m);
-        if (zmq_msg_recv(m, zs, n == 0 ? flags : 0) < 0) {
-            zmq_msg_close(m);
-            if (n == 0 && errno == EAGAIN)
-                return 0;
-            abort();
-        }
-        more = zmq_msg_more(m);
-        if (m == &extra)
-            zmq_msg_close(m);
-    }
-    return n;
-}
-
-/*
- * A forwarder thread: SUB connected to the publisher's PUB, PUB bound for
- * kvidxd. Batches whose seq is marked in `drop` are not forwarded; anything
- * else (raw probes included) is passed on unchanged.
- */
-struct fwd {
-    void *sub, *pub;
-    char ep[256];
-    const uint8_t *drop;
-    size_t n_drop;
-    pthread_t th;
-    atomic_bool stop;
-    atomic_ulong forwarded, dropped;
-};
-
-static void *fwd_main(void *arg)
-{
-    struct fwd *f = arg;
-    zmq_pollitem_t it = {.socket = f->sub, .events = ZMQ_POLLIN};
-    zmq_msg_t fr[8];
-    while (!atomic_load(&f->stop)) {
-        if (zmq_poll(&it, 1, 20) <= 0)
-            continue;
-        int n;
-        while ((n = recv_multipart(f->sub, fr, 8, ZMQ_DONTWAIT)) > 0) {
-            if (n > 8)
-                abort(); /* nothing in this test sends that many */
-            bool drop = false;
-            if (n == 3 && zmq_msg_size(&fr[1]) == 8) {
-                uint64_t seq = be64(zmq_msg_data(&fr[1]));
-                drop = seq < f->n_drop && f->drop[seq];
-            }
-            for (int i = 0; i < n; i++) {
-                if (!drop && zmq_msg_send(&fr[i], f->pub, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
-                    abort();
-                zmq_msg_close(&fr[i]);
-            }
-            atomic_fetch_add(drop ? &f->dropped : &f->forwarded, 1);
-        }
-    }
-    return NULL;
-}
-
-static void fwd_start(struct fwd *f, void *zctx, const char *pub_ep, const uint8_t *drop, size_t n_drop)
-{
-    memset(f, 0, sizeof *f);
-    f->drop = drop;
-    f->n_drop = n_drop;
-    int zero = 0;
-    f->sub = zmq_socket(zctx, ZMQ_SUB);
-    f->pub = zmq_socket(zctx, ZMQ_PUB);
-    assert_non_null(f->sub);
-    assert_non_null(f->pub);
-    zmq_setsockopt(f->sub, ZMQ_RCVHWM, &zero, sizeof zero);
-    zmq_setsockopt(f->pub, ZMQ_SNDHWM, &zero, sizeof zero);
-    zmq_setsockopt(f->sub, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(f->pub, ZMQ_LINGER, &zero, sizeof zero);
-    assert_int_equal(zmq_setsockopt(f->sub, ZMQ_SUBSCRIBE, "", 0), 0);
-    assert_int_equal(zmq_connect(f->sub, pub_ep), 0);
-    assert_int_equal(zmq_bind(f->pub, "tcp://127.0.0.1:*"), 0);
-    size_t len = sizeof f->ep;
-    assert_int_equal(zmq_getsockopt(f->pub, ZMQ_LAST_ENDPOINT, f->ep, &len), 0);
-    assert_int_equal(pthread_create(&f->th, NULL, fwd_main, f), 0);
-}
-
-static void fwd_stop(struct fwd *f)
-{
-    atomic_store(&f->stop, true);
-    pthread_join(f->th, NULL);
-    zmq_close(f->sub);
-    zmq_close(f->pub);
-}
-
 static uint64_t rng_next(uint64_t *s)
 {
     *s += 0x9e3779b97f4a7c15ull;
@@ -613,8 +507,8 @@ static void test_random_loss_with_replay(void **state)
     kfx_start(&d, NULL, NULL);
     void *zctx = zmq_ctx_new();
     struct kvidx_pub *p = kfx_pub(0);
-    struct fwd f;
-    fwd_start(&f, zctx, kvidx_pub_endpoint(p), drop, LOSS_BATCHES);
+    struct zf_fwd f;
+    zf_fwd_start(&f, zctx, kvidx_pub_endpoint(p), drop, LOSS_BATCHES);
     /* kvidxd listens to the forwarder and replays from the publisher's real ROUTER */
     dyn_register(&d, 5, f.ep, kvidx_pub_replay_endpoint(p));
 
@@ -716,229 +610,13 @@ static void test_random_loss_with_replay(void **state)
                   metric(&d, "gaps"), metric(&d, "replays"), metric(&d, "replayed"), metric(&d, "replay_retries"),
                   metric(&d, "live_buffered"));
     want_free(&w);
-    fwd_stop(&f);
+    zf_fwd_stop(&f);
     kvidx_pub_destroy(p);
     zmq_ctx_term(zctx);
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 }
 
 /* ---- 3. replay endpoint silent or slow ------------------------------------------------ */
-
-/*
- * A replay proxy: a ROUTER kvidxd's DEALER connects to (ZMQ_ROUTER_MANDATORY,
- * so a reply to a DEALER that went away fails instead of vanishing), and a
- * DEALER to the publisher's real ROUTER. Mode silent: requests are read and
- * ignored. Otherwise each request is forwarded `delay_ms` after it arrived
- * and the replies are routed back to the identity that asked.
- */
-#define RP_MAX_IDS 16
-#define RP_MAX_PENDING 64
-
-struct rp_req {
-    uint8_t id[256];
-    size_t id_len;
-    uint8_t seq[8];
-    int64_t due_ms;
-};
-
-struct rproxy {
-    void *router, *dealer;
-    char ep[256];
-    pthread_t th;
-    atomic_bool stop;
-    atomic_bool silent;
-    atomic_bool junk; /* precede each forwarded request's replies with 4 malformed ones */
-    atomic_uint delay_ms;
-    /* mu: the request log */
-    pthread_mutex_t mu;
-    uint64_t requests;      /* well-formed requests received */
-    uint64_t last_from;     /* start seq of the last one */
-    int last_id;            /* index in ids[] of the identity that sent it */
-    uint8_t ids[RP_MAX_IDS][256];
-    size_t id_len[RP_MAX_IDS];
-    int n_ids;
-    /* thread-owned */
-    struct rp_req pend[RP_MAX_PENDING]; /* waiting for their delay */
-    size_t n_pend;
-    struct rp_req fifo[RP_MAX_PENDING]; /* forwarded, replies not finished */
-    size_t n_fifo;
-    atomic_ulong replies, unroutable;
-};
-
-static int rp_identity(struct rproxy *rp, const uint8_t *id, size_t len)
-{
-    for (int i = 0; i < rp->n_ids; i++)
-        if (rp->id_len[i] == len && memcmp(rp->ids[i], id, len) == 0)
-            return i;
-    if (rp->n_ids == RP_MAX_IDS || len > sizeof rp->ids[0])
-        abort();
-    memcpy(rp->ids[rp->n_ids], id, len);
-    rp->id_len[rp->n_ids] = len;
-    return rp->n_ids++;
-}
-
-static void rp_on_request(struct rproxy *rp)
-{
-    zmq_msg_t fr[4];
-    int n = recv_multipart(rp->router, fr, 4, 0);
-    /* [identity, "", seq8] */
-    if (n == 3 && zmq_msg_size(&fr[1]) == 0 && zmq_msg_size(&fr[2]) == 8 && zmq_msg_size(&fr[0]) <= 256) {
-        struct rp_req q = {.id_len = zmq_msg_size(&fr[0])};
-        memcpy(q.id, zmq_msg_data(&fr[0]), q.id_len);
-        memcpy(q.seq, zmq_msg_data(&fr[2]), 8);
-        pthread_mutex_lock(&rp->mu);
-        rp->requests++;
-        rp->last_from = be64(q.seq);
-        rp->last_id = rp_identity(rp, q.id, q.id_len);
-        pthread_mutex_unlock(&rp->mu);
-        if (!atomic_load(&rp->silent)) {
-            q.due_ms = kfx_now_ms() + (int64_t)atomic_load(&rp->delay_ms);
-            if (rp->n_pend == RP_MAX_PENDING)
-                abort();
-            rp->pend[rp->n_pend++] = q;
-        }
-    }
-    for (int i = 0; i < (n < 4 ? n : 4); i++)
-        zmq_msg_close(&fr[i]);
-}
-
-/* Send [identity, frames...] on the ROUTER (the requester must be there). */
-static void rp_send(struct rproxy *rp, const struct rp_req *q, const void *const *fr, const size_t *sz, int n)
-{
-    if (zmq_send(rp->router, q->id, q->id_len, ZMQ_SNDMORE) < 0)
-        abort();
-    for (int i = 0; i < n; i++)
-        if (zmq_send(rp->router, fr[i], sz[i], i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
-            abort();
-}
-
-/* Replies kvidx must ignore (replay_malformed): too few frames, a 7-byte seq, the
- * sentinel with a payload, a non-empty delimiter. */
-static void rp_send_junk(struct rproxy *rp, const struct rp_req *q)
-{
-    static const uint8_t ff[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-    const void *fr[4][4] = {{"", "x"}, {"", "", q->seq, "p"}, {"", ff, "p"}, {"d", q->seq, "p"}};
-    const size_t sz[4][4] = {{0, 1}, {0, 0, 7, 1}, {0, 8, 1}, {1, 8, 1}};
-    const int n[4] = {2, 4, 3, 3};
-    for (int i = 0; i < 4; i++)
-        rp_send(rp, q, fr[i], sz[i], n[i]);
-}
-
-static void rp_forward_due(struct rproxy *rp)
-{
-    int64_t now = kfx_now_ms();
-    while (rp->n_pend > 0 && rp->pend[0].due_ms <= now) {
-        if (atomic_load(&rp->junk))
-            rp_send_junk(rp, &rp->pend[0]);
-        if (rp->n_fifo == RP_MAX_PENDING)
-            abort();
-        rp->fifo[rp->n_fifo++] = rp->pend[0];
-        if (zmq_send(rp->dealer, "", 0, ZMQ_SNDMORE) != 0 || zmq_send(rp->dealer, rp->pend[0].seq, 8, 0) != 8)
-            abort();
-        memmove(rp->pend, rp->pend + 1, --rp->n_pend * sizeof *rp->pend);
-    }
-}
-
-/* One reply from the publisher: ["", (topic,) seq8, payload]; route it to the head of the FIFO. */
-static void rp_on_reply(struct rproxy *rp)
-{
-    zmq_msg_t fr[6];
-    int n = recv_multipart(rp->dealer, fr, 6, 0);
-    if (rp->n_fifo == 0 || n < 3 || n > 6)
-        abort();
-    bool sentinel = zmq_msg_size(&fr[n - 2]) == 8 && be64(zmq_msg_data(&fr[n - 2])) == UINT64_MAX;
-    struct rp_req *q = &rp->fifo[0];
-    if (zmq_send(rp->router, q->id, q->id_len, ZMQ_SNDMORE) < 0) {
-        if (errno != EHOSTUNREACH)
-            abort();
-        atomic_fetch_add(&rp->unroutable, 1); /* the DEALER that asked is gone */
-    } else {
-        for (int i = 0; i < n; i++)
-            if (zmq_msg_send(&fr[i], rp->router, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
-                abort();
-        atomic_fetch_add(&rp->replies, 1);
-    }
-    for (int i = 0; i < n; i++)
-        zmq_msg_close(&fr[i]);
-    if (sentinel)
-        memmove(rp->fifo, rp->fifo + 1, --rp->n_fifo * sizeof *rp->fifo);
-}
-
-static void *rp_main(void *arg)
-{
-    struct rproxy *rp = arg;
-    zmq_pollitem_t it[2] = {{.socket = rp->router, .events = ZMQ_POLLIN},
-                            {.socket = rp->dealer, .events = ZMQ_POLLIN}};
-    while (!atomic_load(&rp->stop)) {
-        long wait = 20;
-        if (rp->n_pend > 0) {
-            int64_t left = rp->pend[0].due_ms - kfx_now_ms();
-            wait = left < 0 ? 0 : left < wait ? (long)left : wait;
-        }
-        if (zmq_poll(it, 2, wait) < 0 && errno != EINTR)
-            abort();
-        if (it[0].revents & ZMQ_POLLIN)
-            rp_on_request(rp);
-        if (it[1].revents & ZMQ_POLLIN)
-            rp_on_reply(rp);
-        rp_forward_due(rp);
-    }
-    return NULL;
-}
-
-static void rp_start(struct rproxy *rp, void *zctx, const char *upstream)
-{
-    memset(rp, 0, sizeof *rp);
-    pthread_mutex_init(&rp->mu, NULL);
-    int zero = 0, one = 1;
-    rp->router = zmq_socket(zctx, ZMQ_ROUTER);
-    rp->dealer = zmq_socket(zctx, ZMQ_DEALER);
-    assert_non_null(rp->router);
-    assert_non_null(rp->dealer);
-    zmq_setsockopt(rp->router, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(rp->dealer, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(rp->dealer, ZMQ_RCVHWM, &zero, sizeof zero);
-    zmq_setsockopt(rp->router, ZMQ_SNDHWM, &zero, sizeof zero);
-    assert_int_equal(zmq_setsockopt(rp->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one), 0);
-    assert_int_equal(zmq_bind(rp->router, "tcp://127.0.0.1:*"), 0);
-    size_t len = sizeof rp->ep;
-    assert_int_equal(zmq_getsockopt(rp->router, ZMQ_LAST_ENDPOINT, rp->ep, &len), 0);
-    assert_int_equal(zmq_connect(rp->dealer, upstream), 0);
-    assert_int_equal(pthread_create(&rp->th, NULL, rp_main, rp), 0);
-}
-
-static void rp_stop(struct rproxy *rp)
-{
-    atomic_store(&rp->stop, true);
-    pthread_join(rp->th, NULL);
-    zmq_close(rp->router);
-    zmq_close(rp->dealer);
-    pthread_mutex_destroy(&rp->mu);
-}
-
-static uint64_t rp_requests(struct rproxy *rp, uint64_t *from, int *id)
-{
-    pthread_mutex_lock(&rp->mu);
-    uint64_t n = rp->requests;
-    if (from)
-        *from = rp->last_from;
-    if (id)
-        *id = rp->last_id;
-    pthread_mutex_unlock(&rp->mu);
-    return n;
-}
-
-/* Wait for request number @p n; check that it asks from @p from. @return the DEALER identity index. */
-static int rp_wait_request(struct rproxy *rp, uint64_t n, uint64_t from)
-{
-    if (!KFX_WAIT(rp_requests(rp, NULL, NULL) >= n, KFX_WAIT_MS))
-        fail_msg("replay request %llu never came", (unsigned long long)n);
-    uint64_t got_from;
-    int id;
-    assert_int_equal(rp_requests(rp, &got_from, &id), n);
-    assert_int_equal(got_from, from);
-    return id;
-}
 
 /*
  * GUARANTEE: a replay that makes no progress for the replay timeout
@@ -963,8 +641,8 @@ static void test_replay_silent_or_slow(void **state)
     kfx_start(&d, short_replay_timeout, NULL);
     void *zctx = zmq_ctx_new();
     struct kvidx_pub *p = kfx_pub(0);
-    struct rproxy rp;
-    rp_start(&rp, zctx, kvidx_pub_replay_endpoint(p));
+    struct zf_rproxy rp;
+    zf_rp_start(&rp, zctx, kvidx_pub_replay_endpoint(p));
     dyn_register(&d, 3, kvidx_pub_endpoint(p), rp.ep);
     /* another worker on the same listener thread, replaying from its own ROUTER */
     struct kvidx_pub *p2 = kfx_pub(0);
@@ -986,13 +664,13 @@ static void test_replay_silent_or_slow(void **state)
 
     /* -- a silent endpoint: chain 1 lost on the live path, chain 2 shows the gap -- */
     atomic_store(&rp.silent, true);
-    uint64_t nreq = rp_requests(&rp, NULL, NULL);
+    uint64_t nreq = zf_rp_requests(&rp, NULL, NULL);
     long long buffered0 = metric(&d, "live_buffered");
     kvidx_pub_skip_live(p, 1);
     uint64_t s1 = pub_chain(p, 1, 2);
     int64_t t_gap = kfx_now_ms();
     pub_chain(p, 2, 2);
-    int silent_id = rp_wait_request(&rp, nreq + 1, s1);
+    int silent_id = zf_rp_wait_request(&rp, nreq + 1, s1);
     /* the replay hangs: chain 2 waits in the buffer, queries answer at once */
     int64_t t0 = kfx_now_ms();
     assert_int_equal(score(&d, 2, 2, 3), 0);
@@ -1021,7 +699,7 @@ static void test_replay_silent_or_slow(void **state)
     want_chain(&w, 3, 4, 0, 2);
     until_dump(&d, &w, NULL, 0);
     assert_int_equal(metric(&d, "replays"), replays);
-    assert_int_equal(rp_requests(&rp, NULL, NULL), nreq + 1);
+    assert_int_equal(zf_rp_requests(&rp, NULL, NULL), nreq + 1);
 
     /* -- a slow endpoint inside the timeout, with junk before its replies: nothing lost -- */
     atomic_store(&rp.delay_ms, 1000);
@@ -1033,7 +711,7 @@ static void test_replay_silent_or_slow(void **state)
     pub_chain(p, 6, 2);
     int64_t t_slow = kfx_now_ms();
     pub_chain(p, 7, 2);
-    int slow_id = rp_wait_request(&rp, nreq + 2, s5);
+    int slow_id = zf_rp_wait_request(&rp, nreq + 2, s5);
     assert_true(slow_id != silent_id); /* the timed-out DEALER was replaced */
     pub_chain(p, 8, 2);
     for (uint32_t c = 5; c <= 8; c++)
@@ -1051,7 +729,7 @@ static void test_replay_silent_or_slow(void **state)
     kvidx_pub_skip_live(p, 1);
     uint64_t s9 = pub_chain(p, 9, 2);
     pub_chain(p, 10, 2);
-    int late_id = rp_wait_request(&rp, nreq + 3, s9);
+    int late_id = zf_rp_wait_request(&rp, nreq + 3, s9);
     assert_true(KFX_WAIT(metric(&d, "replay_timeouts") == 2, REPLAY_TIMEOUT_MS + KFX_WAIT_MS));
     want_chain(&w, 3, 10, 0, 2);
     until_dump(&d, &w, NULL, 0);
@@ -1067,7 +745,7 @@ static void test_replay_silent_or_slow(void **state)
     kvidx_pub_skip_live(p, 1);
     uint64_t s11 = pub_chain(p, 11, 2);
     pub_chain(p, 12, 2);
-    int next_id = rp_wait_request(&rp, nreq + 4, s11);
+    int next_id = zf_rp_wait_request(&rp, nreq + 4, s11);
     assert_true(next_id != late_id && next_id != slow_id);
     want_chain(&w, 3, 11, 0, 2);
     want_chain(&w, 3, 12, 0, 2);
@@ -1083,7 +761,7 @@ static void test_replay_silent_or_slow(void **state)
     /* every seq was applied once, except the two given up */
     until_batches(&d, (long long)(kvidx_pub_next_seq(p) + kvidx_pub_next_seq(p2)) - 2);
     want_free(&w);
-    rp_stop(&rp);
+    zf_rp_stop(&rp);
     kvidx_pub_destroy(p2);
     kvidx_pub_destroy(p);
     zmq_ctx_term(zctx);
