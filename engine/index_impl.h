@@ -1,0 +1,373 @@
+/*
+ * What the positional index's files (engine/index.c, index_table.c,
+ * index_write.c, index_query.c) share, beyond the layout in
+ * engine/index_internal.h: hashing, table lookups, member reads and entry
+ * creation as static inline functions (the store and query loops inline
+ * them, as they did when the index was one file), and prototypes of the
+ * kvi_ix__ functions one file defines for the others. Included by those
+ * files only.
+ */
+#ifndef KVI_ENGINE_INDEX_IMPL_H
+#define KVI_ENGINE_INDEX_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/index_internal.h"
+
+#define PHI 0x9e3779b97f4a7c15ull
+#define RETIRE_BYTES_LIMIT (4u << 20) /* reclaim once 4 MiB or 64 k entries wait */
+#define RETIRE_ENTRIES_LIMIT 65536u
+
+/* ---- hashing ---------------------------------------------------------------- */
+
+static inline uint64_t fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
+static inline uint64_t key_step(const struct kvi_index *ix, uint64_t prev, uint64_t content, uint32_t pos)
+{
+    return prev + fmix64((content ^ ix->kxor) + (uint64_t)(pos + 1) * PHI);
+}
+
+/* ---- memory accounting and retirement (engine/index.c) ---------------------- */
+
+static inline void part_account(struct kvi_part *p, int64_t bytes)
+{
+    atomic_store_explicit(&p->bytes, atomic_load_explicit(&p->bytes, memory_order_relaxed) + (uint64_t)bytes,
+                          memory_order_relaxed);
+}
+
+/* Retire ptr (bytes counted in the partition): freed after a grace period,
+ * at the next kvi_index_reclaim. Writer. */
+void kvi_ix__retire(struct kvi_part *p, void *ptr, size_t bytes);
+
+static inline void maybe_reclaim(struct kvi_index *ix, uint32_t part)
+{
+    struct kvi_part *p = &ix->parts[part];
+    if (p->retired_bytes >= RETIRE_BYTES_LIMIT || p->n_pending >= RETIRE_ENTRIES_LIMIT)
+        kvi_index_reclaim(ix, part);
+}
+
+/* ---- instances and slots (engine/index.c) ----------------------------------- */
+
+static inline struct kvi_instance *inst_get(const struct kvi_index *ix, uint32_t id)
+{
+    struct kvi_instance *c = atomic_load_explicit(&((struct kvi_index *)ix)->inst_chunks[id >> KVI_INST_CHUNK_SHIFT],
+                                                  memory_order_acquire);
+    return &c[id & (KVI_INST_CHUNK - 1)];
+}
+
+/* Writer of the instance's partition: the slot (instance, rank, tier), or KVI_NONE. */
+uint32_t kvi_ix__slot_find(const struct kvi_index *ix, uint32_t instance, uint32_t rank, uint8_t tier);
+/* A new slot (instance, rank, tier), published in the instance's slot list. Writer. */
+uint32_t kvi_ix__slot_create(struct kvi_index *ix, uint32_t instance, uint32_t rank, uint8_t tier);
+
+/* ---- tables (engine/index_table.c) ------------------------------------------ */
+
+/* Which key a table maps, to verify candidates. */
+enum tab_kind { TAB_KEY, TAB_SEQ, TAB_MAP };
+
+/* Table tag of a hash that others choose (engine hashes, standard seq
+ * hashes): mixed with the index's secret table seed. */
+static inline uint32_t tab_tag(const struct kvi_index *ix, uint64_t key)
+{
+    return (uint32_t)(fmix64(key ^ ix->tseed) >> 32);
+}
+
+/* Table tag of a prefix key: its top half. K is already a mix under the
+ * index's secrets (key_step sums fmix64 outputs; stand-in keys are fmix64 of
+ * a secret xor), so mixing it again adds nothing.
+ * measured (kvidx-bench micro --replay, callgrind, stores and removes):
+ * 1,263.5 M -> 1,248.9 M instructions; queries save one fmix64 per probe. */
+static inline uint32_t key_tag(uint64_t key)
+{
+    return (uint32_t)(key >> 32);
+}
+
+static inline uint32_t kind_tag(const struct kvi_index *ix, enum tab_kind kind, uint64_t key)
+{
+    return kind == TAB_KEY ? key_tag(key) : tab_tag(ix, key);
+}
+
+/* A key's home slot is the top bits of its 32-bit tag: a rehash places every
+ * slot from its tag alone, without touching the entry the slot points to. */
+static inline uint32_t tab_home(const struct kvi_tab *t, uint32_t tag)
+{
+    return (uint32_t)(((uint64_t)tag << 32) >> t->shift) & t->mask;
+}
+
+#define TAB_MAX_LOAD_NUM 3 /* grow past 3/4 used (live + tombstones) */
+#define TAB_MAX_LOAD_DEN 4
+
+struct tab_ctx {
+    const struct kvi_index *ix;
+    const struct kvi_part *p;
+    enum tab_kind kind;
+    uint32_t slot; /* TAB_MAP */
+};
+
+static uint64_t member_eh(const struct kvi_entry *e, uint32_t slot, bool *found);
+
+static inline uint64_t tab_key_of(const struct tab_ctx *c, uint32_t idx, bool *ok)
+{
+    const struct kvi_entry *e = kvi__entry(c->p, idx);
+    *ok = true;
+    switch (c->kind) {
+    case TAB_KEY: return e->key;
+    case TAB_SEQ: return e->seq;
+    case TAB_MAP: return member_eh(e, c->slot, ok);
+    }
+    return 0;
+}
+
+/* Reader lookup (also used by the writer) of key, whose tag is `tag`.
+ * Returns the entry index or NONE. */
+static inline uint32_t tab_find_t(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key, uint32_t tag)
+{
+    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_acquire); /* R3 */
+    if (t == NULL)
+        return KVI_NONE;
+    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_acquire); /* R1 */
+        if (s == 0)
+            return KVI_NONE;
+        uint32_t idx = (uint32_t)s;
+        if ((uint32_t)(s >> 32) == tag && idx != KVI_TOMB) {
+            bool ok;
+            if (tab_key_of(c, idx, &ok) == key && ok)
+                return idx;
+        }
+    }
+}
+
+static inline uint32_t tab_find(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key)
+{
+    return tab_find_t(c, tb, key, kind_tag(c->ix, c->kind, key));
+}
+
+/* The entry of the first slot whose tag matches key's (unverified: for
+ * prefetching the entry a lookup is about to verify), or KVI_NONE. Writer. */
+static inline uint32_t tab_peek_t(const struct kvi_table *tb, uint32_t tag)
+{
+    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_relaxed);
+    if (t == NULL)
+        return KVI_NONE;
+    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_relaxed);
+        if (s == 0)
+            return KVI_NONE;
+        if ((uint32_t)(s >> 32) == tag && (uint32_t)s != KVI_TOMB)
+            return (uint32_t)s;
+    }
+}
+
+static inline void tab_prefetch_t(const struct kvi_table *tb, uint32_t tag)
+{
+    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_relaxed);
+    if (t != NULL)
+        __builtin_prefetch(&t->s[tab_home(t, tag)]);
+}
+
+/* Rebuild tb with capacity cap, publish it, and retire the old array (readers:
+ * a query table) or free it at once; touch: fault every page in now. Writer. */
+void kvi_ix__tab_rehash_ex(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers, bool touch);
+/* Insert entry idx under a key whose tag is `tag` (W1). Writer. */
+void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag,
+                          uint32_t idx);
+/* Free tb's array now (a slot map: never read by queries). Writer. */
+void kvi_ix__tab_free_now(struct kvi_part *p, struct kvi_table *tb);
+/* Free a table array (NULL: nothing), however it was allocated. */
+void kvi_ix__tab_free_mem(struct kvi_tab *t);
+
+/* ---- seq tables, built on demand (engine/index_table.c) --------------------- */
+
+/* Does partition p keep a seq table? Writer (readers load stab.t with acquire). */
+static inline bool stab_on(const struct kvi_part *p)
+{
+    return atomic_load_explicit(&((struct kvi_part *)p)->stab.t, memory_order_relaxed) != NULL;
+}
+
+/* Build p's seq table from its live entries and publish it (W3). Writer. */
+void kvi_ix__stab_build(const struct kvi_index *ix, struct kvi_part *p);
+
+/* Build p's seq table if seq tables were asked for since. Writer. */
+static inline void stab_maybe_build(struct kvi_index *ix, struct kvi_part *p)
+{
+    if (KVI_UNLIKELY(!stab_on(p) && atomic_load_explicit(&ix->seq_wanted, memory_order_relaxed)))
+        kvi_ix__stab_build(ix, p);
+}
+
+/* Seq tables are needed from now on (this partition's at once). Writer. */
+static inline void stab_need(struct kvi_index *ix, struct kvi_part *p)
+{
+    if (!atomic_load_explicit(&ix->seq_wanted, memory_order_relaxed))
+        atomic_store_explicit(&ix->seq_wanted, true, memory_order_relaxed);
+    if (!stab_on(p))
+        kvi_ix__stab_build(ix, p);
+}
+
+/* ---- members (engine/index_table.c) ----------------------------------------- */
+
+/* The member array of e, or NULL while e has at most one member. Writer. */
+static inline struct kvi_mset *entry_mset(const struct kvi_entry *e)
+{
+    if (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) != KVI_MANY_BIT)
+        return NULL;
+    return kvi__mset(e, memory_order_relaxed);
+}
+
+/* Position of slot's member in ms, or -1. Writer. */
+static inline int32_t mset_find(const struct kvi_mset *ms, uint32_t slot)
+{
+    uint32_t n = atomic_load_explicit(&((struct kvi_mset *)ms)->n, memory_order_relaxed);
+    for (uint32_t i = 0; i < n; i++)
+        if (kvi__member_slot(atomic_load_explicit(&((struct kvi_mset *)ms)->m[i].w, memory_order_relaxed)) == slot)
+            return (int32_t)i;
+    return -1;
+}
+
+/* The engine hash under which `slot` holds e; *found says whether it does.
+ * Writer. Out of line, as GCC kept it when the index was one file (noinline:
+ * a file with one call site would inline it, and the query loop's lookups
+ * would then stay out of line). Static: each file's copy is local, so that
+ * GCC knows which registers it clobbers (-fipa-ra) around the calls in the
+ * store and remove loops (unused: not every file calls it).
+ * measured (kvidx-bench micro --replay synthetic, callgrind, stores and
+ * removes): 575.2 M instructions before the split; one extern copy 580.8 M,
+ * a local copy per file 574.7 M. */
+static __attribute__((noinline, unused)) uint64_t member_eh(const struct kvi_entry *e, uint32_t slot, bool *found)
+{
+    uint32_t one = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed);
+    if (one != KVI_MANY_BIT) {
+        *found = (one & KVI_SLOT_MASK) == slot && slot != KVI_NONE;
+        return atomic_load_explicit(&((struct kvi_entry *)e)->mv, memory_order_relaxed);
+    }
+    struct kvi_mset *ms = kvi__mset(e, memory_order_relaxed);
+    int32_t k = mset_find(ms, slot);
+    *found = k >= 0;
+    return k >= 0 ? ms->m[k].eh : 0;
+}
+
+static inline bool has_member(const struct kvi_entry *e, uint32_t slot)
+{
+    bool f;
+    (void)member_eh(e, slot, &f);
+    return f;
+}
+
+/* Was the slot's holding of e stored without a parent link? Writer. */
+bool kvi_ix__member_is_root(const struct kvi_entry *e, uint32_t slot);
+
+/* ---- entries (engine/index_table.c; created here, inline in do_store) ------- */
+
+static inline uint32_t entry_parent(const struct kvi_entry *e)
+{
+    return e->up & KVI_UP_PARENT;
+}
+
+static inline bool entry_no_content(const struct kvi_entry *e)
+{
+    return (e->up & KVI_UP_NO_CONTENT) != 0;
+}
+
+/* Allocate entry chunk c (zeroed, pages faulted in, when `touch`). Writer. */
+void kvi_ix__chunk_alloc(struct kvi_part *p, uint32_t c, bool touch);
+
+static inline uint32_t entry_alloc(struct kvi_part *p)
+{
+    if (p->n_free > 0)
+        return p->free_idx[--p->n_free];
+    if (p->next_fresh == 0)
+        p->next_fresh = 1; /* index 0 is KVI_NONE */
+    uint32_t idx = p->next_fresh;
+    uint32_t c = idx >> KVI_ENTRY_CHUNK_SHIFT;
+    if (c >= KVI_ENTRY_CHUNKS_MAX)
+        kvi_die("partition entry space exhausted (%u chunks)", c);
+    if (KVI_UNLIKELY(atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL))
+        kvi_ix__chunk_alloc(p, c, false);
+    p->next_fresh++;
+    return idx;
+}
+
+/* Link initialised entry idx first in parent's child list (W5: a seq walk
+ * that reaches idx sees it whole). Writer. */
+static inline void child_link(struct kvi_part *p, uint32_t parent, uint32_t idx)
+{
+    struct kvi_entry *pe = kvi__entry(p, parent), *e = kvi__entry(p, idx);
+    uint32_t head = atomic_load_explicit(&pe->first_child, memory_order_relaxed);
+    atomic_store_explicit(&e->next_sibling, head, memory_order_relaxed);
+    e->prev_sibling = KVI_NONE;
+    if (head != KVI_NONE)
+        kvi__entry(p, head)->prev_sibling = idx;
+    atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5: pairs with R5 (seq_walk) */
+}
+
+/* A new entry for prefix key `key` (table tag ktag) and seq hash `seq`
+ * (table tag stag, used when the partition keeps a seq table), published in
+ * the query tables. Writer. */
+static inline uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key, uint32_t ktag, uint64_t seq,
+                                 uint32_t stag, uint64_t content, bool no_content, uint32_t pos, uint32_t parent)
+{
+    uint32_t idx = entry_alloc(p);
+    struct kvi_entry *e = kvi__entry(p, idx);
+    e->key = key;
+    e->pos = pos;
+    atomic_store_explicit(&e->gpu_n, 0, memory_order_relaxed);
+    atomic_store_explicit(&e->one, KVI_NONE, memory_order_relaxed);
+    atomic_store_explicit(&e->mv, 0, memory_order_relaxed);
+    e->up = parent | (no_content ? KVI_UP_NO_CONTENT : 0);
+    e->seq = seq;
+    e->content = content;
+    atomic_store_explicit(&e->first_child, KVI_NONE, memory_order_relaxed);
+    atomic_store_explicit(&e->next_sibling, KVI_NONE, memory_order_relaxed);
+    e->prev_sibling = KVI_NONE;
+    e->ktag = ktag;
+    if (parent != KVI_NONE)
+        child_link(p, parent, idx);
+    struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
+    kvi_ix__tab_insert_t(p, &kc, &p->ktab, ktag, idx); /* W1 */
+    if (stab_on(p))
+        kvi_ix__tab_insert_t(p, &sc, &p->stab, stag, idx);
+    kvi_relaxed_add(&p->entries, 1);
+    return idx;
+}
+
+/* ---- slot maps and holdings (engine/index_table.c) -------------------------- */
+
+/* The map functions take the engine hash's table tag (tab_tag), computed
+ * once per hash by callers that use it more than once. */
+static inline uint32_t map_find_t(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint64_t eh,
+                                  uint32_t tag)
+{
+    struct tab_ctx c = {ix, p, TAB_MAP, s->id};
+    return tab_find_t(&c, &s->map, eh, tag);
+}
+
+/* Slot s starts holding entry idx under eh (map tag `tag`). Writer. */
+void kvi_ix__holding_add(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx,
+                         uint64_t eh, uint32_t tag, bool root);
+/* Slot s holds entry idx under old_eh: name it eh (map tag `tag`) instead. Writer. */
+void kvi_ix__holding_rename(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx,
+                            uint64_t old_eh, uint64_t eh, uint32_t tag);
+/* Drop one holding of slot s, leaving s's map to the caller. Writer. */
+void kvi_ix__holding_drop(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx);
+/* Remove slot s's holding of idx (map tag `tag`) and every descendant s holds. Writer. */
+void kvi_ix__holding_remove_cascade_t(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx,
+                                      uint32_t tag);
+
+static inline void holding_remove_cascade(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx)
+{
+    bool f;
+    uint64_t eh = member_eh(kvi__entry(p, idx), s->id, &f);
+    kvi_ix__holding_remove_cascade_t(ix, p, s, idx, tab_tag(ix, eh));
+}
+
+#endif

@@ -1,0 +1,550 @@
+/*
+ * A partition's structures and the writer's primitives on them (see the
+ * DESIGN notes in engine/index.c): open-addressing tables (insert, delete,
+ * rehash, huge-page arrays), seq tables built on demand, member sets,
+ * entries (chunks, child lists, release) and slot maps with the holdings
+ * they name. Lookups, member reads and entry creation are static inline in
+ * engine/index_impl.h; the operations made of these primitives are in
+ * engine/index_write.c.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "engine/index_impl.h"
+
+/* ---- tables ----------------------------------------------------------------- */
+
+#define HUGE_PAGE (2u << 20)
+
+/* len bytes (a multiple of HUGE_PAGE) of zeroed memory on a HUGE_PAGE
+ * boundary, advised to use transparent huge pages. */
+static void *huge_map(size_t len)
+{
+    size_t span = len + HUGE_PAGE;
+    char *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        kvi_die("out of memory (mmap of %zu bytes)", span);
+    uintptr_t a = ((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+    size_t head = a - (uintptr_t)m, tail = span - head - len;
+    if (head != 0)
+        munmap(m, head);
+    if (tail != 0)
+        munmap((char *)a + len, tail);
+    (void)madvise((void *)a, len, MADV_HUGEPAGE); /* advice only */
+    return (void *)a;
+}
+
+/*
+ * A table of 2 MiB or more is mapped on its own, on 2 MiB boundaries, and
+ * asks for transparent huge pages: its random probes then miss the TLB far
+ * less (a page walk costs twice under virtualisation), growing it faults 512
+ * times fewer pages, and fresh mappings need no zeroing beyond the kernel's.
+ * measured (kvidx-bench micro, thread cpu ns per block, 3 interleaved runs
+ * each, shared 2-cpu VM), huge pages with malloc + memset: store 193.1 /
+ * 193.2 / 196.2 -> 169.7 / 172.7 / 213.5, remove 130.5 / 134.9 / 138.1 ->
+ * 123.1 / 125.3 / 126.3.
+ */
+static struct kvi_tab *tab_new(uint32_t cap)
+{
+    size_t bytes = sizeof(struct kvi_tab) + (size_t)cap * sizeof(uint64_t);
+    struct kvi_tab *t;
+    if (bytes >= HUGE_PAGE) {
+        size_t len = (bytes + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+        t = huge_map(len);
+        t->mapped = len;
+    } else {
+        t = kvi_xcalloc(1, bytes);
+    }
+    t->mask = cap - 1;
+    t->shift = 64 - (uint32_t)__builtin_ctz(cap);
+    t->grow_at = cap / TAB_MAX_LOAD_DEN * TAB_MAX_LOAD_NUM; /* cap >= 16: exact */
+    return t;
+}
+
+void kvi_ix__tab_free_mem(struct kvi_tab *t)
+{
+    if (t != NULL && t->mapped != 0)
+        munmap(t, t->mapped);
+    else
+        free(t);
+}
+
+static size_t tab_bytes(const struct kvi_tab *t)
+{
+    return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint64_t);
+}
+
+static void tab_insert_raw(struct kvi_tab *t, uint32_t tag, uint32_t idx)
+{
+    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+        if (s == 0 || (uint32_t)s == KVI_TOMB) {
+            if (s == 0)
+                t->used++;
+            t->live++;
+            atomic_store_explicit(&t->s[i], ((uint64_t)tag << 32) | idx, memory_order_release); /* W1 */
+            return;
+        }
+    }
+}
+
+/* Rebuild with capacity `cap`, publish, retire the old array (query tables)
+ * or free it at once (slot maps, never read by queries). */
+void kvi_ix__tab_rehash_ex(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers, bool touch)
+{
+    struct kvi_tab *old = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    struct kvi_tab *nt = tab_new(cap);
+    part_account(p, (int64_t)tab_bytes(nt));
+    if (touch) /* fault every page in now (kvi_index_reserve) */
+        memset((void *)nt->s, 0, (size_t)cap * sizeof(uint64_t));
+    if (old != NULL) {
+        for (uint32_t i = 0; i <= old->mask; i++) {
+            uint64_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
+            if (s != 0 && (uint32_t)s != KVI_TOMB)
+                tab_insert_raw(nt, (uint32_t)(s >> 32), (uint32_t)s);
+        }
+    }
+    atomic_store_explicit(&tb->t, nt, memory_order_release); /* W3 */
+    if (old != NULL) {
+        if (readers) {
+            kvi_ix__retire(p, old, tab_bytes(old));
+            p->retired[p->n_retired - 1].unmap = old->mapped;
+        } else {
+            part_account(p, -(int64_t)tab_bytes(old));
+            kvi_ix__tab_free_mem(old);
+        }
+    }
+}
+
+static void tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers)
+{
+    kvi_ix__tab_rehash_ex(p, tb, cap, readers, false);
+}
+
+/* Insert entry idx under a key whose tag is `tag` (W1). Writer. */
+void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag, uint32_t idx)
+{
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    if (t == NULL) {
+        tab_rehash(p, tb, 16, c->kind != TAB_MAP);
+        t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    } else if (t->used >= t->grow_at) { /* (used + 1) / cap > 3/4 */
+        uint32_t cap = t->mask + 1;
+        if ((uint64_t)(t->live + 1) * 2 > cap)
+            cap *= 2; /* else: same size, purge tombstones */
+        tab_rehash(p, tb, cap, c->kind != TAB_MAP);
+        t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    }
+    tab_insert_raw(t, tag, idx);
+}
+
+/* Writer-only tables (slot maps): delete by shifting the rest of the probe run
+ * back, so they never hold tombstones and never need a purge. Not safe for
+ * tables that queries read (a reader could miss a key while it moves). */
+static void tab_delete_shift(struct kvi_part *p, struct kvi_table *tb, uint32_t at)
+{
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    uint32_t i = at, j = at;
+    for (;;) {
+        j = (j + 1) & t->mask;
+        uint64_t v = atomic_load_explicit(&t->s[j], memory_order_relaxed);
+        if (v == 0)
+            break;
+        uint32_t h = tab_home(t, (uint32_t)(v >> 32));
+        /* v may move back to i only if its home is not in (i, j] cyclically */
+        bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+        if (!stays) {
+            atomic_store_explicit(&t->s[i], v, memory_order_relaxed);
+            i = j;
+        }
+    }
+    atomic_store_explicit(&t->s[i], 0, memory_order_relaxed);
+    t->used--;
+    t->live--;
+    uint32_t cap = t->mask + 1;
+    if (cap > 64 && (uint64_t)t->live * 8 < cap)
+        tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, false);
+}
+
+/* Tombstone the slot holding (a key with tag `tag`, idx); slot maps shift
+ * instead. Shrinks when mostly empty. Writer. */
+static void tab_delete_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag, uint32_t idx)
+{
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    if (t == NULL)
+        return;
+    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+        if (s == 0)
+            return;
+        if ((uint32_t)s == idx) {
+            if (c->kind == TAB_MAP) {
+                tab_delete_shift(p, tb, i);
+                return;
+            }
+            atomic_store_explicit(&t->s[i], (s & 0xffffffff00000000ull) | KVI_TOMB, memory_order_release);
+            t->live--;
+            break;
+        }
+    }
+    uint32_t cap = t->mask + 1;
+    if (cap > 64 && (uint64_t)t->live * 8 < cap)
+        tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, c->kind != TAB_MAP);
+}
+
+void kvi_ix__tab_free_now(struct kvi_part *p, struct kvi_table *tb)
+{
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    if (t != NULL) {
+        part_account(p, -(int64_t)tab_bytes(t));
+        kvi_ix__tab_free_mem(t);
+        atomic_store_explicit(&tb->t, NULL, memory_order_relaxed);
+    }
+}
+
+/* ---- seq tables, built on demand -------------------------------------------- */
+
+static bool entry_empty(const struct kvi_entry *e);
+
+/*
+ * A partition keeps a seq table (standard seq hash -> entry) only once
+ * something needs one: a store given seq hashes (kvi_index_store_seq,
+ * kvi_index_store_seq_only) or a query by seq hashes that reached a partition
+ * without one (such a query walks child links instead, see seq_walk, and sets
+ * ix->seq_wanted). Until then a store finds existing prefixes by prefix key,
+ * which is exact while no prefix is placed by seq alone, and saves a random
+ * table access per stored and removed block. Writer.
+ * measured (kvidx-bench micro, thread cpu ns per block, 4 interleaved runs
+ * each): store 259.8 / 270.8 / 273.2 / 288.8 -> 188.9 / 190.1 / 192.9 / 198.6,
+ * remove 181.6 / 182.4 / 186.3 / 186.8 -> 130.8 / 137.5 / 140.1 / 142.1,
+ * bytes per (block, worker) 112.3 -> 96.3; queries unchanged.
+ */
+void kvi_ix__stab_build(const struct kvi_index *ix, struct kvi_part *p)
+{
+    uint64_t live = atomic_load_explicit(&p->entries, memory_order_relaxed);
+    uint32_t cap = 16;
+    while ((uint64_t)cap * TAB_MAX_LOAD_NUM <= (live + 1) * TAB_MAX_LOAD_DEN)
+        cap *= 2;
+    struct kvi_tab *t = tab_new(cap);
+    part_account(p, (int64_t)tab_bytes(t));
+    /* every live entry has members or children; freed ones have neither */
+    for (uint32_t idx = 1; idx < p->next_fresh; idx++) {
+        const struct kvi_entry *e = kvi__entry(p, idx);
+        if (!entry_empty(e) || atomic_load_explicit(&((struct kvi_entry *)e)->first_child, memory_order_relaxed) != KVI_NONE)
+            tab_insert_raw(t, tab_tag(ix, e->seq), idx);
+    }
+    atomic_store_explicit(&p->stab.t, t, memory_order_release); /* W3 */
+}
+
+/* ---- members ---------------------------------------------------------------- */
+
+static size_t mset_bytes(uint32_t cap)
+{
+    return sizeof(struct kvi_mset) + (size_t)cap * sizeof(struct kvi_member);
+}
+
+/* Was the slot's holding of e stored without a parent link (a positional
+ * root at position > 0)? Writer only. */
+bool kvi_ix__member_is_root(const struct kvi_entry *e, uint32_t slot)
+{
+    struct kvi_mset *ms = entry_mset(e);
+    if (ms == NULL)
+        return (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) & KVI_ROOT_BIT) != 0;
+    int32_t k = mset_find(ms, slot);
+    return k >= 0 && (kvi__member_tier(atomic_load_explicit(&ms->m[k].w, memory_order_relaxed)) & KVI_MEMBER_ROOT);
+}
+
+/* A new member array of capacity cap holding the live members of ms (or, when
+ * ms is NULL, e's single member), compacted. Not yet published. Writer. */
+static struct kvi_mset *mset_copy(const struct kvi_index *ix, struct kvi_part *p, const struct kvi_entry *e,
+                                  const struct kvi_mset *ms, uint32_t cap)
+{
+    struct kvi_mset *nm = kvi_xmalloc(mset_bytes(cap));
+    part_account(p, (int64_t)mset_bytes(cap));
+    nm->cap = cap;
+    nm->_pad = 0;
+    uint32_t j = 0;
+    if (ms == NULL) {
+        uint32_t one = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed);
+        uint32_t os = one & KVI_SLOT_MASK;
+        uint8_t tier = (uint8_t)(kvi__slot(ix, os)->tier | ((one & KVI_ROOT_BIT) ? KVI_MEMBER_ROOT : 0));
+        atomic_store_explicit(&nm->m[0].w, kvi__member_w(os, tier), memory_order_relaxed);
+        nm->m[0].eh = atomic_load_explicit(&((struct kvi_entry *)e)->mv, memory_order_relaxed);
+        j = 1;
+    } else {
+        uint32_t n = atomic_load_explicit(&((struct kvi_mset *)ms)->n, memory_order_relaxed);
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t w = atomic_load_explicit(&((struct kvi_mset *)ms)->m[i].w, memory_order_relaxed);
+            if (w == 0)
+                continue;
+            atomic_store_explicit(&nm->m[j].w, w, memory_order_relaxed);
+            nm->m[j++].eh = ms->m[i].eh;
+        }
+    }
+    nm->live = j;
+    atomic_store_explicit(&nm->n, j, memory_order_relaxed);
+    return nm;
+}
+
+static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kvi_entry *e, uint32_t slot,
+                       uint8_t tier, uint64_t eh, bool root)
+{
+    /* G1: bumped before any release store below, so a reader that observes
+     * this change also observes the bump (pairs with G2 in find_core) */
+    kvi_relaxed_add(&p->wgen, 1);
+    struct kvi_mset *ms = entry_mset(e);
+    uint64_t w = kvi__member_w(slot, (uint8_t)(tier | (root ? KVI_MEMBER_ROOT : 0)));
+    if (ms == NULL && atomic_load_explicit(&e->one, memory_order_relaxed) == KVI_NONE) {
+        atomic_store_explicit(&e->mv, eh, memory_order_relaxed);
+        atomic_store_explicit(&e->one, slot | (root ? KVI_ROOT_BIT : 0), memory_order_release); /* W2 */
+    } else if (ms != NULL && ms->live < atomic_load_explicit(&ms->n, memory_order_relaxed)) {
+        /* into a free position: no live member moves */
+        uint32_t i = 0;
+        while (atomic_load_explicit(&ms->m[i].w, memory_order_relaxed) != 0)
+            i++;
+        ms->m[i].eh = eh;
+        atomic_store_explicit(&ms->m[i].w, w, memory_order_release); /* W2 */
+        ms->live++;
+    } else if (ms != NULL && ms->live < ms->cap) {
+        uint32_t n = atomic_load_explicit(&ms->n, memory_order_relaxed);
+        ms->m[n].eh = eh;
+        atomic_store_explicit(&ms->m[n].w, w, memory_order_release);
+        atomic_store_explicit(&ms->n, n + 1, memory_order_release); /* W2 */
+        ms->live++;
+    } else {
+        struct kvi_mset *nm = mset_copy(ix, p, e, ms, ms ? ms->cap * 2 : 4);
+        uint32_t n = nm->live;
+        atomic_store_explicit(&nm->m[n].w, w, memory_order_relaxed);
+        nm->m[n].eh = eh;
+        nm->live = n + 1;
+        atomic_store_explicit(&nm->n, n + 1, memory_order_relaxed);
+        atomic_store_explicit(&e->mv, (uint64_t)(uintptr_t)nm, memory_order_release); /* W2 */
+        if (ms != NULL)
+            kvi_ix__retire(p, ms, mset_bytes(ms->cap));
+        else /* from now on the members are in mv; a reader that loaded the
+              * single slot before keeps that (consistent) snapshot */
+            atomic_store_explicit(&e->one, KVI_MANY_BIT, memory_order_release); /* W2 */
+    }
+    if (tier == KVI_TIER_GPU)
+        atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) + 1,
+                              memory_order_release); /* W2 */
+}
+
+/*
+ * Remove slot's member of e. In an array the member's position is freed in
+ * place (no live member moves: see struct kvi_mset), and the array is
+ * replaced only when a quarter or less of it is live.
+ * Before, every removal copied the whole array and retired the old one
+ * (malloc, free and a grace period per removal); about half of the
+ * conversation trace's removals hit an entry with an array. measured
+ * (kvidx-bench micro --replay, callgrind, the replay's stores and removes):
+ * 1,600.8 M -> 1,560.1 M instructions.
+ */
+static void member_del(const struct kvi_index *ix, struct kvi_part *p, struct kvi_entry *e, uint32_t slot,
+                       uint8_t tier)
+{
+    kvi_relaxed_add(&p->wgen, 1); /* G1, as in member_add */
+    if (tier == KVI_TIER_GPU) /* count first: readers never see more gpu members than exist */
+        atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) - 1,
+                              memory_order_release);
+    struct kvi_mset *ms = entry_mset(e);
+    if (ms == NULL) {
+        atomic_store_explicit(&e->one, KVI_NONE, memory_order_release);
+        atomic_store_explicit(&e->mv, 0, memory_order_relaxed);
+        return;
+    }
+    int32_t k = mset_find(ms, slot);
+    if (k < 0)
+        return;
+    atomic_store_explicit(&ms->m[k].w, 0, memory_order_release); /* W2 */
+    ms->m[k].eh = 0;
+    ms->live--;
+    /* an empty array stays (the entry is released next, or refilled) */
+    if (ms->live > 0 && ms->live <= ms->cap / 4 && ms->cap > 4) {
+        struct kvi_mset *nm = mset_copy(ix, p, e, ms, ms->cap / 2);
+        atomic_store_explicit(&e->mv, (uint64_t)(uintptr_t)nm, memory_order_release); /* W2 */
+        kvi_ix__retire(p, ms, mset_bytes(ms->cap));
+    }
+}
+
+static bool entry_empty(const struct kvi_entry *e)
+{
+    struct kvi_mset *ms = entry_mset(e);
+    if (ms != NULL)
+        return ms->live == 0;
+    return atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) == KVI_NONE;
+}
+
+/* ---- entries ---------------------------------------------------------------- */
+
+/* (entry_alloc, child_link and entry_new are in engine/index_impl.h: do_store
+ * inlines them.) */
+
+/* Allocate entry chunk c. Not zeroed unless `touch` (kvi_index_reserve: fault
+ * its pages in now): entry_new initialises every entry before it is
+ * published, and only entries below next_fresh are ever looked at. Writer. */
+void kvi_ix__chunk_alloc(struct kvi_part *p, uint32_t c, bool touch)
+{
+    size_t bytes = (size_t)KVI_ENTRY_CHUNK * sizeof(struct kvi_entry);
+    struct kvi_entry *chunk = aligned_alloc(KVI_CACHE_LINE, bytes);
+    if (chunk == NULL)
+        kvi_die("out of memory for an entry chunk");
+    if (touch)
+        memset(chunk, 0, bytes);
+    part_account(p, (int64_t)bytes);
+    atomic_store_explicit(&p->chunks[c], chunk, memory_order_release);
+    if (c + 1 > p->n_chunks)
+        p->n_chunks = c + 1;
+}
+
+/* Unlink idx from parent's child list in O(1) (RCU list: a seq walk standing
+ * on idx still follows idx's own next_sibling, which stays as it is until idx
+ * is recycled after a grace period). Writer.
+ * Finding the predecessor by walking a singly linked list cost a cache miss
+ * per sibling. measured (kvidx-bench micro --replay, thread cpu ns per removed
+ * block, 3 interleaved runs each): conversation trace 251.7 / 250.8 / 245.8
+ * -> 105.8 / 104.2 / 105.0; synthetic trace 621.9 / 632.6 -> 91.3 / 100.4. */
+static void child_unlink(struct kvi_part *p, uint32_t parent, uint32_t idx)
+{
+    struct kvi_entry *e = kvi__entry(p, idx);
+    uint32_t next = atomic_load_explicit(&e->next_sibling, memory_order_relaxed), prev = e->prev_sibling;
+    if (prev == KVI_NONE)
+        atomic_store_explicit(&kvi__entry(p, parent)->first_child, next, memory_order_release);
+    else
+        atomic_store_explicit(&kvi__entry(p, prev)->next_sibling, next, memory_order_release);
+    if (next != KVI_NONE)
+        kvi__entry(p, next)->prev_sibling = prev;
+}
+
+/* Free an entry that has no members and no children, then its parent if that
+ * became empty and childless too. */
+static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx)
+{
+    while (idx != KVI_NONE) {
+        struct kvi_entry *e = kvi__entry(p, idx);
+        if (!entry_empty(e) || atomic_load_explicit(&e->first_child, memory_order_relaxed) != KVI_NONE)
+            return;
+        uint32_t parent = entry_parent(e);
+        if (parent != KVI_NONE)
+            child_unlink(p, parent, idx);
+        struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
+        tab_delete_t(p, &kc, &p->ktab, e->ktag, idx);
+        if (stab_on(p))
+            tab_delete_t(p, &sc, &p->stab, tab_tag(ix, e->seq), idx);
+        struct kvi_mset *ms = entry_mset(e);
+        if (ms != NULL) {
+            /* Readers still probing e (found before the tombstones above)
+             * that load `one` from now on see no member (W4); those that
+             * loaded KVI_MANY_BIT before read the empty array, which mv keeps
+             * naming (retired: freed after a grace period). `one` never
+             * names a slot again while the array exists, so no reader can
+             * credit a slot that was forgotten and recycled since (the TSan
+             * report in writer_stress_test, with the old layout). */
+            atomic_store_explicit(&e->one, KVI_NONE, memory_order_release); /* W4 */
+            kvi_ix__retire(p, ms, mset_bytes(ms->cap));
+        }
+        if (p->n_pending == p->cap_pending) {
+            p->cap_pending = p->cap_pending ? p->cap_pending * 2 : 256;
+            p->pending_idx = kvi_xrealloc(p->pending_idx, p->cap_pending * sizeof(uint32_t));
+        }
+        p->pending_idx[p->n_pending++] = idx;
+        kvi_relaxed_add(&p->entries, (uint64_t)-1);
+        idx = parent;
+    }
+}
+
+/* ---- slot maps (engine hash -> entry), writer only -------------------------- */
+
+static void map_insert_t(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t tag,
+                         uint32_t idx)
+{
+    struct tab_ctx c = {ix, p, TAB_MAP, s->id};
+    kvi_ix__tab_insert_t(p, &c, &s->map, tag, idx);
+}
+
+static void map_delete_t(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t tag,
+                         uint32_t idx)
+{
+    struct tab_ctx c = {ix, p, TAB_MAP, s->id};
+    tab_delete_t(p, &c, &s->map, tag, idx);
+}
+
+static void stack_push(struct kvi_part *p, uint32_t *n, uint32_t v)
+{
+    if (*n == p->cap_stack) {
+        p->cap_stack = p->cap_stack ? p->cap_stack * 2 : 1024;
+        p->stack = kvi_xrealloc(p->stack, p->cap_stack * sizeof(uint32_t));
+    }
+    p->stack[(*n)++] = v;
+}
+
+/* Drop one holding of slot s without touching s's map (the caller does). */
+void kvi_ix__holding_drop(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx)
+{
+    struct kvi_entry *e = kvi__entry(p, idx);
+    member_del(ix, p, e, s->id, s->tier);
+    atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) - 1,
+                          memory_order_relaxed);
+    kvi_relaxed_add(&p->holdings, (uint64_t)-1);
+    kvi_relaxed_add(&p->removed_blocks, 1);
+    entry_release(ix, p, idx);
+}
+
+/* Remove slot s's holding of entry idx (named by an engine hash with map tag
+ * `tag`) and every descendant s holds, children before parents so that
+ * concurrent readers see nested sets. */
+void kvi_ix__holding_remove_cascade_t(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx,
+                                      uint32_t tag)
+{
+    uint32_t n = 0;
+    if (atomic_load_explicit(&kvi__entry(p, idx)->first_child, memory_order_relaxed) != KVI_NONE) {
+        stack_push(p, &n, idx);
+        for (uint32_t k = 0; k < n; k++) {
+            for (uint32_t c = atomic_load_explicit(&kvi__entry(p, p->stack[k])->first_child, memory_order_relaxed);
+                 c != KVI_NONE; c = atomic_load_explicit(&kvi__entry(p, c)->next_sibling, memory_order_relaxed))
+                if (has_member(kvi__entry(p, c), s->id) && !kvi_ix__member_is_root(kvi__entry(p, c), s->id))
+                    stack_push(p, &n, c); /* a block placed by position is a root of its slot */
+        }
+        while (n > 1) {
+            uint32_t e_idx = p->stack[--n];
+            bool f;
+            uint64_t eh = member_eh(kvi__entry(p, e_idx), s->id, &f);
+            map_delete_t(ix, p, s, tab_tag(ix, eh), e_idx);
+            kvi_ix__holding_drop(ix, p, s, e_idx);
+        }
+    }
+    map_delete_t(ix, p, s, tag, idx);
+    kvi_ix__holding_drop(ix, p, s, idx);
+}
+
+/* Slot s holds entry idx under old_eh: name it eh (map tag `tag`) instead. */
+void kvi_ix__holding_rename(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx,
+                            uint64_t old_eh, uint64_t eh, uint32_t tag)
+{
+    struct kvi_entry *e = kvi__entry(p, idx);
+    map_delete_t(ix, p, s, tab_tag(ix, old_eh), idx);
+    struct kvi_mset *ms = entry_mset(e);
+    if (ms == NULL) {
+        atomic_store_explicit(&e->mv, eh, memory_order_relaxed);
+    } else {
+        int32_t j = mset_find(ms, s->id);
+        if (j >= 0)
+            ms->m[j].eh = eh;
+    }
+    map_insert_t(ix, p, s, tag, idx);
+}
+
+/* Slot s starts holding entry idx under eh (map tag `tag`; root: placed
+ * without a parent link in the slot). On the gpu tier the slot must hold the
+ * parent already. */
+void kvi_ix__holding_add(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t idx, uint64_t eh,
+                         uint32_t tag, bool root)
+{
+    member_add(ix, p, kvi__entry(p, idx), s->id, s->tier, eh, root);
+    map_insert_t(ix, p, s, tag, idx);
+    atomic_store_explicit(&s->n_blocks, atomic_load_explicit(&s->n_blocks, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    kvi_relaxed_add(&p->holdings, 1);
+    kvi_relaxed_add(&p->stored_blocks, 1);
+}

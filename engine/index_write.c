@@ -1,0 +1,841 @@
+/*
+ * The positional index's write side: the operations a partition's writer
+ * applies (see the DESIGN notes in engine/index.c). Stores (do_store and
+ * its run helpers, store_known), reservations, removals, clears and the
+ * partition dump. Built from the primitives of engine/index_table.c and
+ * engine/index_impl.h.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/hash.h"
+#include "engine/index_impl.h"
+
+#define PF_DIST 8 /* prefetch distance, blocks */
+
+static int kvi__cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The entry slot s holds under engine hash eh, or KVI_NONE (the slot maps are in
+ * engine/index_table.c; map_find_t in engine/index_impl.h). Writer. */
+static uint32_t map_find(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint64_t eh)
+{
+    return map_find_t(ix, p, s, eh, tab_tag(ix, eh));
+}
+
+/* ---- store ------------------------------------------------------------------ */
+
+/* A run of blocks to store: engine hashes with content hashes, or engine
+ * hashes alone (a token-less run: contents unknown), and standard seq hashes
+ * (NULL: derived from the content chain). */
+struct run {
+    const struct kvi_block *b; /* engine and content hashes, or NULL */
+    const uint64_t *eh;        /* when b == NULL: engine hashes */
+    const uint64_t *seq;       /* standard seq hashes, or NULL (then b != NULL) */
+    size_t n;
+};
+
+static inline uint64_t run_eh(const struct run *r, size_t i)
+{
+    return r->b != NULL ? r->b[i].engine_hash : r->eh[i];
+}
+
+/* The run's engine hashes as a strided array, for the store loops: block i's
+ * is base[i * stride] (no per-access branch on the run's form). */
+struct eh_view {
+    const uint64_t *base;
+    size_t stride;
+};
+
+static inline struct eh_view run_eh_view(const struct run *r)
+{
+    _Static_assert(sizeof(struct kvi_block) == 2 * sizeof(uint64_t), "kvi_block is two u64");
+    if (r->b != NULL)
+        return (struct eh_view){&r->b[0].engine_hash, 2};
+    return (struct eh_view){r->eh, 1};
+}
+
+static inline uint64_t eh_at(struct eh_view v, size_t i)
+{
+    return v.base[i * v.stride];
+}
+
+/* Stand-in prefix key of an entry placed by its seq hash alone. Its content
+ * chain is unknown, so content queries of an index holding such entries go
+ * through the seq table (has_seq_only) and never compute this key. */
+static inline uint64_t seq_stand_in_key(const struct kvi_index *ix, uint64_t seq)
+{
+    return fmix64(seq ^ ix->kxor) ^ 0x8000000000000001ull;
+}
+
+/* Prefix key of block i of a run at position pos (seq hash sq), continuing
+ * from k: chained through the content hash where known. A token-less block
+ * at position 0 knows its content: it equals its seq hash (RFC 1527). */
+static inline uint64_t run_key(const struct kvi_index *ix, const struct run *r, uint64_t k, size_t i, uint32_t pos,
+                               uint64_t sq)
+{
+    if (r->b != NULL)
+        return key_step(ix, k, r->b[i].content_hash, pos);
+    return pos == 0 ? key_step(ix, k, sq, 0) : seq_stand_in_key(ix, sq);
+}
+
+/* Does the run repeat an engine hash, or contain its parent? O(n) with a
+ * scratch open-addressing set keyed by the hashes' map tags (mt[i] is block
+ * i's), whose positions are marked with a per-call generation instead of being
+ * cleared. */
+static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t parent_eh, const struct run *r,
+                               const uint32_t *mt)
+{
+    size_t n = r->n, m = n + (has_parent ? 1 : 0);
+    if (m < 2)
+        return false;
+    if (m <= 8) {
+        for (size_t i = 0; i < n; i++) {
+            if (has_parent && run_eh(r, i) == parent_eh)
+                return true;
+            for (size_t j = i + 1; j < n; j++)
+                if (run_eh(r, i) == run_eh(r, j))
+                    return true;
+        }
+        return false;
+    }
+    size_t cap = 16;
+    while (cap < m * 2)
+        cap *= 2;
+    if (cap > p->cap_dup) {
+        free(p->dup_val);
+        free(p->dup_mark);
+        p->cap_dup = cap;
+        p->dup_val = kvi_xmalloc(cap * sizeof(uint64_t));
+        p->dup_mark = kvi_xcalloc(cap, sizeof(uint32_t));
+        p->dup_gen = 0;
+    }
+    if (++p->dup_gen == 0) {
+        memset(p->dup_mark, 0, p->cap_dup * sizeof(uint32_t));
+        p->dup_gen = 1;
+    }
+    uint32_t gen = p->dup_gen;
+    for (size_t i = 0; i < m; i++) {
+        uint64_t v = i < n ? run_eh(r, i) : parent_eh;
+        uint32_t h = i < n ? mt[i] : (uint32_t)fmix64(v);
+        for (size_t j = h & (cap - 1);; j = (j + 1) & (cap - 1)) {
+            if (p->dup_mark[j] != gen) {
+                p->dup_mark[j] = gen;
+                p->dup_val[j] = v;
+                break;
+            }
+            if (p->dup_val[j] == v)
+                return true;
+        }
+    }
+    return false;
+}
+
+static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum kvi_tier tier, bool has_parent,
+                    uint64_t parent_eh, uint32_t position, const struct run *r)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire) || (unsigned)tier >= KVI_TIER_COUNT)
+        return -EINVAL;
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    size_t n = r->n;
+    const uint64_t *seq = r->seq;
+    if (n == 0)
+        return 0;
+    if (seq != NULL) /* the seq hash is the prefix's identity: find prefixes by it */
+        stab_need(ix, p);
+    else
+        stab_maybe_build(ix, p);
+    bool son = stab_on(p);
+    /* run scratch: keys, seq hashes, then the table tags of keys, engine
+     * hashes and seq hashes (each hash is mixed once per store) */
+    if (4 * n > p->cap_runbuf) {
+        p->cap_runbuf = 4 * n;
+        p->runbuf = kvi_xrealloc(p->runbuf, p->cap_runbuf * sizeof(uint64_t));
+    }
+    uint64_t *rk = p->runbuf, *rs = p->runbuf + n;
+    uint32_t *kt = (uint32_t *)(rs + n), *mt = kt + n, *st = mt + n;
+    const struct eh_view ehv = run_eh_view(r);
+    for (size_t i = 0; i < n; i++)
+        mt[i] = tab_tag(ix, eh_at(ehv, i));
+    if (run_has_duplicates(p, has_parent, parent_eh, r, mt)) {
+        kvi_relaxed_add(&p->invalid_events, 1);
+        return -EINVAL;
+    }
+    uint32_t sid = kvi_ix__slot_find(ix, instance, rank, (uint8_t)tier);
+    struct kvi_slot *s = sid ? kvi__slot(ix, sid) : NULL;
+
+    uint32_t prev = KVI_NONE, pos0 = 0;
+    uint64_t k = ix->kseed, sq = 0;
+    bool seq_only = false;
+    if (has_parent) {
+        if (s != NULL)
+            prev = map_find(ix, p, s, parent_eh);
+        if (prev == KVI_NONE && tier != KVI_TIER_GPU) {
+            struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+            for (uint32_t i = 0; sl != NULL && i < sl->n && prev == KVI_NONE; i++) {
+                struct kvi_slot *o = kvi__slot(ix, sl->id[i]);
+                if (o != s && o->dp_rank == rank)
+                    prev = map_find(ix, p, o, parent_eh);
+            }
+        }
+        if (prev == KVI_NONE) {
+            kvi_relaxed_add(&p->parent_not_found, 1);
+            return -ENOENT;
+        }
+        struct kvi_entry *pe = kvi__entry(p, prev);
+        pos0 = pe->pos + 1;
+        k = pe->key;
+        sq = pe->seq;
+    } else if (position > 0) {
+        if (seq == NULL || tier == KVI_TIER_GPU) {
+            kvi_relaxed_add(&p->invalid_events, 1);
+            return -EINVAL;
+        }
+        /* a lower-tier run placed by standard seq hashes alone: reachable by
+         * seq queries and tier walks through seq keys only */
+        pos0 = position;
+        seq_only = true;
+    }
+    if (s == NULL) {
+        sid = kvi_ix__slot_create(ix, instance, rank, (uint8_t)tier);
+        s = kvi__slot(ix, sid);
+    }
+    bool parent_in_slot = prev != KVI_NONE && has_member(kvi__entry(p, prev), sid);
+
+    /* keys, seq hashes and tags of the whole run first, then a prefetch
+     * pipeline PF_DIST blocks ahead over the three tables the loop touches */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t pos = pos0 + (uint32_t)i;
+        if (seq != NULL)
+            sq = seq[i];
+        else
+            sq = pos == 0 ? r->b[i].content_hash : kvi_seq_hash_next(sq, r->b[i].content_hash);
+        rs[i] = sq;
+        k = seq_only && i == 0 ? seq_stand_in_key(ix, sq) : run_key(ix, r, k, i, pos, sq);
+        rk[i] = k;
+        kt[i] = key_tag(k);
+        if (son)
+            st[i] = tab_tag(ix, sq);
+    }
+    /* pass 1: what the slot holds under the run's engine hashes, pipelined
+     * (map slot PF_DIST ahead, its entry PF_DIST/2 ahead by tag alone).
+     * An engine hash renamed to another prefix drops its old holding with
+     * its descendants; when that would drop the run's own parent chain the
+     * run is rejected before anything changes.
+     * Before, the check ran its own unpipelined lookup loop and pass 2
+     * looked every hash up again. measured (kvidx-bench micro --replay,
+     * callgrind, stores and removes): 1,248.9 M -> 1,242.8 M instructions;
+     * thread cpu ns per stored block 140.3 / 134.8 -> 133.1 / 131.7. */
+    uint32_t *have = st + n;
+    for (size_t i = 0; i < n && i < PF_DIST; i++)
+        tab_prefetch_t(&s->map, mt[i]);
+    for (size_t i = 0; i < n; i++) {
+        if (i + PF_DIST < n)
+            tab_prefetch_t(&s->map, mt[i + PF_DIST]);
+        /* (entries of hashes the slot holds: re-stores, which come in runs;
+         * skipped while the run's blocks are new to the slot) */
+        if (i + PF_DIST / 2 < n && (i == 0 || have[i - 1] != KVI_NONE)) {
+            uint32_t a = tab_peek_t(&s->map, mt[i + PF_DIST / 2]);
+            if (a != KVI_NONE)
+                __builtin_prefetch(kvi__entry(p, a));
+        }
+        have[i] = map_find_t(ix, p, s, eh_at(ehv, i), mt[i]);
+        if (prev != KVI_NONE && have[i] != KVI_NONE && kvi__entry(p, have[i])->seq != rs[i]) {
+            uint32_t hv = have[i];
+            /* would the cascade from `have` reach the run's parent? it follows
+             * links between blocks this slot holds (not positional roots) */
+            uint32_t x = prev;
+            while (x != KVI_NONE && x != hv && has_member(kvi__entry(p, x), sid) &&
+                   !kvi_ix__member_is_root(kvi__entry(p, x), sid))
+                x = entry_parent(kvi__entry(p, x));
+            if (x == hv) {
+                kvi_relaxed_add(&p->invalid_events, 1);
+                return -EINVAL;
+            }
+        }
+    }
+    for (size_t i = 0; i < n && i < PF_DIST; i++) {
+        tab_prefetch_t(&p->ktab, kt[i]);
+        if (son)
+            tab_prefetch_t(&p->stab, st[i]);
+    }
+
+    /* pass 2. have[] stays exact until a cascade drops holdings or a rename
+     * drops a name: from then on a hit is re-checked (an entry freed meanwhile
+     * is not recycled before the next reclaim, and names no member) */
+    bool stale = false;
+    /* prev was created by this store: without a seq table (so no prefix
+     * placed by seq alone), its children can only be the ones this store
+     * adds, and the key lookup of the next block would miss */
+    bool prev_new = false;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t pos = pos0 + (uint32_t)i;
+        uint64_t eh = eh_at(ehv, i);
+        k = rk[i];
+        sq = rs[i];
+        if (i + PF_DIST < n) {
+            tab_prefetch_t(&p->ktab, kt[i + PF_DIST]);
+            if (son)
+                tab_prefetch_t(&p->stab, st[i + PF_DIST]);
+        }
+
+        uint32_t hv = have[i];
+        if (hv != KVI_NONE && stale) {
+            bool f;
+            if (member_eh(kvi__entry(p, hv), sid, &f) != eh || !f)
+                hv = KVI_NONE;
+        }
+        if (hv != KVI_NONE) {
+            struct kvi_entry *he = kvi__entry(p, hv);
+            if (he->seq == sq && he->pos == pos) {
+                prev = hv; /* idempotent re-store */
+                parent_in_slot = true;
+                prev_new = false;
+                continue;
+            }
+            /* the engine renamed a different block: drop the old one */
+            kvi_ix__holding_remove_cascade_t(ix, p, s, hv, mt[i]);
+            stale = true;
+            if (parent_in_slot && !has_member(kvi__entry(p, prev), sid)) {
+                kvi_relaxed_add(&p->invalid_events, 1);
+                maybe_reclaim(ix, in->part);
+                return -EINVAL;
+            }
+        }
+        /* the standard seq hash is the canonical identity of a prefix: a
+         * prefix placed by seq alone and the same prefix stored with its
+         * content chain are one entry. Without a seq table no prefix is
+         * placed by seq alone, and the prefix key identifies it as well. */
+        bool known = r->b != NULL || pos == 0; /* content known */
+        uint64_t content = r->b != NULL ? r->b[i].content_hash : pos == 0 ? sq : 0;
+        struct tab_ctx fc = {ix, p, son ? TAB_SEQ : TAB_KEY, 0};
+        uint32_t idx = son ? tab_find_t(&fc, &p->stab, sq, st[i])
+                       : prev_new ? KVI_NONE
+                                  : tab_find_t(&fc, &p->ktab, k, kt[i]);
+        if (idx != KVI_NONE && kvi__entry(p, idx)->pos != pos)
+            idx = KVI_NONE; /* 2^-64 collision across depths: keep them apart */
+        if (idx == KVI_NONE) {
+            idx = entry_new(ix, p, k, kt[i], sq, son ? st[i] : 0, content, !known, pos, prev);
+            if ((seq_only && i == 0) || !known) /* a stand-in key */
+                atomic_store_explicit(&ix->has_seq_only, true, memory_order_release);
+            /* a new entry has no member yet */
+            kvi_ix__holding_add(ix, p, s, idx, eh, mt[i], seq_only && i == 0);
+            prev = idx;
+            parent_in_slot = true;
+            prev_new = true;
+            continue;
+        } else {
+            struct kvi_entry *fe = kvi__entry(p, idx);
+            if (entry_parent(fe) == KVI_NONE && prev != KVI_NONE) {
+                /* placed by seq alone before: now its parent is known */
+                fe->up |= prev;
+                child_link(p, prev, idx); /* W5 */
+            }
+            if (entry_no_content(fe) && known) { /* placed without tokens before */
+                fe->content = content;
+                fe->up &= ~KVI_UP_NO_CONTENT;
+            }
+            prev_new = false;
+            k = fe->key; /* continue the chain from the entry's own key */
+            if (k != rk[i])
+                for (size_t j = i + 1; j < n; j++) { /* re-derive the rest of the run's keys */
+                    rk[j] = k = run_key(ix, r, k, j, pos0 + (uint32_t)j, rs[j]);
+                    kt[j] = key_tag(k);
+                }
+        }
+        struct kvi_entry *e = kvi__entry(p, idx);
+        bool f;
+        uint64_t old_eh = member_eh(e, sid, &f);
+        if (f) { /* the slot holds this prefix under another engine hash: rename */
+            kvi_ix__holding_rename(ix, p, s, idx, old_eh, eh, mt[i]);
+            stale = true;
+        } else
+            kvi_ix__holding_add(ix, p, s, idx, eh, mt[i], seq_only && i == 0);
+        prev = idx;
+        parent_in_slot = true;
+    }
+    maybe_reclaim(ix, in->part);
+    return 0;
+}
+
+/* ---- reservations ----------------------------------------------------------- */
+
+/* Smallest table capacity that holds `live` keys without growing
+ * (UINT64_MAX when no table can). */
+static uint64_t tab_cap_for(uint64_t live)
+{
+    if (live >= 1ull << 32)
+        return UINT64_MAX;
+    uint64_t cap = 16;
+    while (cap * TAB_MAX_LOAD_NUM < (live + 1) * TAB_MAX_LOAD_DEN)
+        cap *= 2;
+    return cap;
+}
+
+/* Resize tb (a query table when `readers`) to hold `live` keys, pages touched. */
+static void tab_reserve(struct kvi_part *p, struct kvi_table *tb, uint64_t live, bool readers)
+{
+    uint64_t cap = tab_cap_for(live);
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    if (t == NULL || cap > (uint64_t)t->mask + 1)
+        kvi_ix__tab_rehash_ex(p, tb, (uint32_t)cap, readers, true);
+}
+
+/*
+ * Growing from empty spends its extra time rehashing the key table and the
+ * slot maps and faulting in fresh table and entry pages. measured
+ * (kvidx-bench micro, 1 M new blocks, thread cpu ns per block, 3 runs): cold
+ * 149.8 / 185.2 / 161.4, pre-sized 62.4 / 61.0 / 58.6; callgrind (--seqs 256):
+ * 666 -> 517 instructions per block. (Carving entry chunks from 2 MiB
+ * huge-page slabs instead made the cold store slower here: 167-178 ->
+ * 191-313. Not kept.)
+ */
+int kvi_index_reserve(struct kvi_index *ix, uint32_t part, uint64_t entries)
+{
+    if (part >= ix->n_parts || entries >= (1ull << KVI_ENTRY_IDX_BITS) - 1 ||
+        tab_cap_for(entries) > (1ull << 31))
+        return -EINVAL;
+    struct kvi_part *p = &ix->parts[part];
+    stab_maybe_build(ix, p);
+    tab_reserve(p, &p->ktab, entries, true);
+    if (stab_on(p))
+        tab_reserve(p, &p->stab, entries, true);
+    /* entry chunks through index `entries` (index 0 is never an entry) */
+    uint32_t last = (uint32_t)((entries + KVI_ENTRY_CHUNK) >> KVI_ENTRY_CHUNK_SHIFT); /* chunks needed */
+    for (uint32_t c = 0; c < last; c++)
+        if (atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL)
+            kvi_ix__chunk_alloc(p, c, true);
+    return 0;
+}
+
+int kvi_index_reserve_slot(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                           uint64_t blocks)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire) ||
+        (unsigned)tier >= KVI_TIER_COUNT || tab_cap_for(blocks) > (1ull << 31))
+        return -EINVAL;
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    uint32_t sid = kvi_ix__slot_find(ix, instance, dp_rank, (uint8_t)tier);
+    if (sid == KVI_NONE)
+        sid = kvi_ix__slot_create(ix, instance, dp_rank, (uint8_t)tier);
+    tab_reserve(p, &kvi__slot(ix, sid)->map, blocks, false);
+    return 0;
+}
+
+int kvi_index_store(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier, bool has_parent,
+                    uint64_t parent_engine_hash, const struct kvi_block *blocks, size_t n)
+{
+    struct run r = {.b = blocks, .n = n};
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, 0, &r);
+}
+
+int kvi_index_store_seq(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                        bool has_parent, uint64_t parent_engine_hash, uint32_t position,
+                        const struct kvi_block *blocks, const uint64_t *seq, size_t n)
+{
+    struct run r = {.b = blocks, .seq = seq, .n = n};
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, has_parent ? 0 : position, &r);
+}
+
+int kvi_index_store_seq_only(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                             bool has_parent, uint64_t parent_engine_hash, uint32_t position,
+                             const uint64_t *engine_hashes, const uint64_t *seq, size_t n)
+{
+    if (n > 0 && (engine_hashes == NULL || seq == NULL))
+        return -EINVAL;
+    struct run r = {.eh = engine_hashes, .seq = seq, .n = n};
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, has_parent ? 0 : position, &r);
+}
+
+/* ---- store by engine hash, remove ------------------------------------------- */
+
+/* The slots of (instance, rank), by tier (NULL where it has none). Writer. */
+static void rank_slots(const struct kvi_index *ix, const struct kvi_instance *in, uint32_t rank,
+                       struct kvi_slot *by_tier[KVI_TIER_COUNT])
+{
+    for (int t = 0; t < KVI_TIER_COUNT; t++)
+        by_tier[t] = NULL;
+    struct kvi_slotlist *sl = atomic_load_explicit(&((struct kvi_instance *)in)->slots, memory_order_relaxed);
+    for (uint32_t i = 0; sl != NULL && i < sl->n; i++) {
+        struct kvi_slot *s = kvi__slot(ix, sl->id[i]);
+        if (s->dp_rank == rank)
+            by_tier[s->tier] = s;
+    }
+}
+
+/* The entry (instance, rank) names eh, looked up gpu first, then cpu, disk,
+ * external; KVI_NONE if none. Writer. */
+static uint32_t rank_resolve(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *const *by_tier,
+                             uint64_t eh)
+{
+    for (int t = 0; t < KVI_TIER_COUNT; t++)
+        if (by_tier[t] != NULL) {
+            uint32_t idx = map_find(ix, p, by_tier[t], eh);
+            if (idx != KVI_NONE)
+                return idx;
+        }
+    return KVI_NONE;
+}
+
+/* Does any slot of (instance, rank) hold entry idx? Writer. */
+static bool rank_holds(struct kvi_part *p, struct kvi_slot *const *by_tier, uint32_t idx)
+{
+    const struct kvi_entry *e = kvi__entry(p, idx);
+    for (int t = 0; t < KVI_TIER_COUNT; t++)
+        if (by_tier[t] != NULL && has_member(e, by_tier[t]->id))
+            return true;
+    return false;
+}
+
+size_t kvi_index_store_known(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                             const uint64_t *engine_hashes, size_t n, size_t *n_unresolved)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire) ||
+        (unsigned)tier >= KVI_TIER_COUNT) {
+        if (n_unresolved != NULL)
+            *n_unresolved = n;
+        return 0;
+    }
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    stab_maybe_build(ix, p);
+    struct kvi_slot *by_tier[KVI_TIER_COUNT];
+    rank_slots(ix, in, dp_rank, by_tier);
+    /* parents before children: apply the run in position order (the order
+     * it came in unless that differs) */
+    if (n > p->cap_runbuf) {
+        p->cap_runbuf = n;
+        p->runbuf = kvi_xrealloc(p->runbuf, p->cap_runbuf * sizeof(uint64_t));
+    }
+    uint64_t *order = p->runbuf;
+    bool sorted = true;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t idx = rank_resolve(ix, p, by_tier, engine_hashes[i]);
+        uint64_t pos = idx != KVI_NONE ? kvi__entry(p, idx)->pos : 0;
+        order[i] = (pos << 32) | i;
+        if (i > 0 && order[i] < order[i - 1])
+            sorted = false;
+    }
+    if (!sorted)
+        qsort(order, n, sizeof(uint64_t), kvi__cmp_u64);
+    size_t held = 0, unresolved = 0;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t eh = engine_hashes[(uint32_t)order[k]];
+        struct kvi_slot *s = by_tier[tier];
+        uint32_t idx = rank_resolve(ix, p, by_tier, eh);
+        if (idx == KVI_NONE) {
+            unresolved++;
+            continue;
+        }
+        if (s != NULL) {
+            uint32_t have = map_find(ix, p, s, eh);
+            if (have == idx) { /* already held on this tier under this name */
+                held++;
+                continue;
+            }
+            if (have != KVI_NONE) /* the name meant another prefix on this tier: drop it */
+                holding_remove_cascade(ix, p, s, have);
+        }
+        struct kvi_entry *e = kvi__entry(p, idx);
+        bool root = false;
+        if (e->pos > 0) {
+            /* linked below its parent when the slot (gpu) or the rank (lower
+             * tiers, as for a named parent) holds it; else a positional root,
+             * which the gpu tier cannot hold (its holdings are ancestor-closed) */
+            uint32_t par = entry_parent(e);
+            bool linked = par != KVI_NONE && (tier == KVI_TIER_GPU ? s != NULL && has_member(kvi__entry(p, par), s->id)
+                                                                   : rank_holds(p, by_tier, par));
+            if (!linked && tier == KVI_TIER_GPU) {
+                unresolved++;
+                continue;
+            }
+            root = !linked;
+        }
+        if (s == NULL) {
+            s = kvi__slot(ix, kvi_ix__slot_create(ix, instance, dp_rank, (uint8_t)tier));
+            by_tier[tier] = s;
+        }
+        bool f;
+        uint64_t old_eh = member_eh(e, s->id, &f);
+        if (f)
+            kvi_ix__holding_rename(ix, p, s, idx, old_eh, eh, tab_tag(ix, eh));
+        else
+            kvi_ix__holding_add(ix, p, s, idx, eh, tab_tag(ix, eh), root);
+        held++;
+    }
+    if (unresolved > 0)
+        kvi_relaxed_add(&p->unknown_blocks, unresolved);
+    if (n_unresolved != NULL)
+        *n_unresolved = unresolved;
+    maybe_reclaim(ix, in->part);
+    return held;
+}
+
+size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
+                        const uint64_t *engine_hashes, size_t n)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire) || (unsigned)tier >= KVI_TIER_COUNT)
+        return 0;
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    stab_maybe_build(ix, p);
+    bool son = stab_on(p);
+    uint32_t sid = kvi_ix__slot_find(ix, instance, dp_rank, (uint8_t)tier);
+    if (sid == KVI_NONE) {
+        kvi_relaxed_add(&p->unknown_removes, n);
+        return 0;
+    }
+    struct kvi_slot *s = kvi__slot(ix, sid);
+    size_t known = 0;
+    /* the hashes' map tags, once each */
+    if (n > p->cap_runbuf) {
+        p->cap_runbuf = n;
+        p->runbuf = kvi_xrealloc(p->runbuf, p->cap_runbuf * sizeof(uint64_t));
+    }
+    uint32_t *mt = (uint32_t *)p->runbuf;
+    for (size_t i = 0; i < n; i++)
+        mt[i] = tab_tag(ix, engine_hashes[i]);
+    /* pipeline: map slot PF_DIST ahead, its entry PF_DIST/2 ahead, that
+     * entry's query-table homes and parent 2 ahead; by tag alone (verifying
+     * would wait for the entry; a wrong guess only wastes a prefetch).
+     * measured (micro, thread cpu ns per removed block, 3 interleaved runs
+     * each, with huge-page tables): verified lookup 127.7 / 131.9 / 138.0 ->
+     * tag peek 114.6 / 119.6 / 122.1.
+     * (Carrying the entries found down the pipeline instead of looking them
+     * up again measured within noise: 107.2-117.7 -> 107.6-115.9. Not kept.) */
+    for (size_t i = 0; i < n; i++) {
+        if (i + PF_DIST < n)
+            tab_prefetch_t(&s->map, mt[i + PF_DIST]);
+        if (i + PF_DIST / 2 < n) {
+            uint32_t a = tab_peek_t(&s->map, mt[i + PF_DIST / 2]);
+            if (a != KVI_NONE)
+                __builtin_prefetch(kvi__entry(p, a));
+        }
+        if (i + 2 < n) {
+            uint32_t a = tab_peek_t(&s->map, mt[i + 2]);
+            if (a != KVI_NONE) {
+                const struct kvi_entry *ae = kvi__entry(p, a);
+                tab_prefetch_t(&p->ktab, ae->ktag);
+                if (son)
+                    tab_prefetch_t(&p->stab, tab_tag(ix, ae->seq));
+                if (entry_parent(ae) != KVI_NONE)
+                    __builtin_prefetch(kvi__entry(p, entry_parent(ae)));
+            }
+        }
+        uint32_t idx = map_find_t(ix, p, s, engine_hashes[i], mt[i]);
+        if (idx == KVI_NONE)
+            continue;
+        known++;
+        kvi_ix__holding_remove_cascade_t(ix, p, s, idx, mt[i]);
+    }
+    if (known < n)
+        kvi_relaxed_add(&p->unknown_removes, n - known);
+    maybe_reclaim(ix, in->part);
+    return known;
+}
+
+/* ---- clear ------------------------------------------------------------------ */
+
+static int cmp_desc_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* Collect slot s's holdings as (pos << 32 | entry) in p->sortbuf. */
+static size_t slot_collect(struct kvi_part *p, struct kvi_slot *s)
+{
+    struct kvi_tab *t = atomic_load_explicit(&s->map.t, memory_order_relaxed);
+    size_t m = 0;
+    if (t == NULL)
+        return 0;
+    if (t->live > p->cap_sortbuf) {
+        p->cap_sortbuf = (size_t)t->live * 2;
+        p->sortbuf = kvi_xrealloc(p->sortbuf, p->cap_sortbuf * sizeof(uint64_t));
+    }
+    for (uint32_t i = 0; i <= t->mask; i++) {
+        uint64_t v = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+        uint32_t idx = (uint32_t)v;
+        if (v == 0 || idx == KVI_TOMB)
+            continue;
+        p->sortbuf[m++] = ((uint64_t)kvi__entry(p, idx)->pos << 32) | idx;
+    }
+    return m;
+}
+
+/* Drop all of slot s's holdings (deepest first) and its map. */
+static void slot_clear(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s)
+{
+    size_t m = slot_collect(p, s);
+    if (m > 1)
+        qsort(p->sortbuf, m, sizeof(uint64_t), cmp_desc_u64);
+    for (size_t i = 0; i < m; i++)
+        kvi_ix__holding_drop(ix, p, s, (uint32_t)p->sortbuf[i]);
+    kvi_ix__tab_free_now(p, &s->map);
+}
+
+static void slot_forget(struct kvi_index *ix, struct kvi_part *p, struct kvi_instance *in, uint32_t sid)
+{
+    struct kvi_slot *s = kvi__slot(ix, sid);
+    atomic_store_explicit(&s->live, false, memory_order_release);
+    struct kvi_slotlist *old = atomic_load_explicit(&in->slots, memory_order_relaxed);
+    uint32_t n = old->n;
+    struct kvi_slotlist *nl = kvi_xmalloc(sizeof *nl + n * sizeof(uint32_t));
+    part_account(p, (int64_t)(sizeof *nl + n * sizeof(uint32_t)));
+    nl->n = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (old->id[i] != sid)
+            nl->id[nl->n++] = old->id[i];
+    atomic_store_explicit(&in->slots, nl, memory_order_release);
+    kvi_ix__retire(p, old, sizeof *old + n * sizeof(uint32_t));
+    if (p->n_pending_slots == p->cap_pending_slots) {
+        p->cap_pending_slots = p->cap_pending_slots ? p->cap_pending_slots * 2 : 16;
+        p->pending_slots = kvi_xrealloc(p->pending_slots, p->cap_pending_slots * sizeof(uint32_t));
+    }
+    p->pending_slots[p->n_pending_slots++] = sid;
+}
+
+/* Clear (and optionally forget) the slots of an instance matching rank
+ * (UINT32_MAX = every rank). */
+static void instance_drop(struct kvi_index *ix, uint32_t instance, uint32_t rank, bool forget)
+{
+    if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire))
+        return;
+    struct kvi_instance *in = inst_get(ix, instance);
+    struct kvi_part *p = &ix->parts[in->part];
+    stab_maybe_build(ix, p);
+    struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+    if (sl == NULL)
+        return;
+    /* lower tiers first: their entries may hang below gpu entries */
+    for (int tier = KVI_TIER_COUNT - 1; tier >= 0; tier--) {
+        sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+        for (uint32_t i = 0; i < sl->n; i++) {
+            struct kvi_slot *s = kvi__slot(ix, sl->id[i]);
+            if (s->tier != tier || (rank != UINT32_MAX && s->dp_rank != rank))
+                continue;
+            slot_clear(ix, p, s);
+            if (forget) {
+                slot_forget(ix, p, in, s->id);
+                sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+                i = (uint32_t)-1; /* restart: the list changed */
+            }
+        }
+    }
+    maybe_reclaim(ix, in->part);
+}
+
+void kvi_index_clear(struct kvi_index *ix, uint32_t instance)
+{
+    instance_drop(ix, instance, UINT32_MAX, false);
+}
+
+void kvi_index_remove_dp_rank(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank)
+{
+    instance_drop(ix, instance, dp_rank, true);
+}
+
+void kvi_index_remove_instance(struct kvi_index *ix, uint32_t instance)
+{
+    instance_drop(ix, instance, UINT32_MAX, true);
+}
+
+/* ---- dump ------------------------------------------------------------------- */
+
+static int cmp_asc_u64(const void *a, const void *b)
+{
+    return kvi__cmp_u64(a, b);
+}
+
+void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn emit, void *ctx)
+{
+    struct kvi_part *p = &ix->parts[part];
+    uint32_t ni = atomic_load_explicit(&ix->n_instances, memory_order_acquire);
+    for (uint32_t ii = part; ii < ni; ii += ix->n_parts) {
+        struct kvi_instance *in = inst_get(ix, ii);
+        struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+        if (sl == NULL || sl->n == 0)
+            continue;
+        /* one (instance, dp_rank) at a time: its holdings on every tier,
+         * ordered by position (a parent is one position up) then tier */
+        bool *done = kvi_xcalloc(sl->n, sizeof(bool));
+        for (uint32_t a = 0; a < sl->n; a++) {
+            if (done[a])
+                continue;
+            uint32_t rank = kvi__slot(ix, sl->id[a])->dp_rank;
+            uint32_t rs[KVI_TIER_COUNT + 8];
+            uint32_t nrs = 0;
+            size_t total = 0;
+            for (uint32_t b = a; b < sl->n; b++) {
+                struct kvi_slot *sb = kvi__slot(ix, sl->id[b]);
+                if (sb->dp_rank != rank || nrs == KVI_ARRAY_LEN(rs))
+                    continue;
+                done[b] = true;
+                rs[nrs++] = sb->id;
+                struct kvi_tab *t = atomic_load_explicit(&sb->map.t, memory_order_relaxed);
+                total += t ? t->live : 0;
+            }
+            if (total == 0)
+                continue;
+            /* tier order, so that a parent held on several tiers is always
+             * named by the same (lowest-tier) slot, whatever the slot history */
+            for (uint32_t x = 1; x < nrs; x++)
+                for (uint32_t y = x; y > 0 && kvi__slot(ix, rs[y - 1])->tier > kvi__slot(ix, rs[y])->tier; y--) {
+                    uint32_t t2 = rs[y];
+                    rs[y] = rs[y - 1];
+                    rs[y - 1] = t2;
+                }
+            /* (pos << 34 | tier << 32 | entry) */
+            uint64_t *hold = kvi_xmalloc(total * sizeof(uint64_t));
+            size_t m = 0;
+            for (uint32_t r = 0; r < nrs; r++) {
+                struct kvi_slot *sr = kvi__slot(ix, rs[r]);
+                size_t k = slot_collect(p, sr);
+                for (size_t j = 0; j < k && m < total; j++) {
+                    uint32_t idx = (uint32_t)p->sortbuf[j];
+                    hold[m++] = ((uint64_t)kvi__entry(p, idx)->pos << 34) | ((uint64_t)sr->tier << 32) | idx;
+                }
+            }
+            if (m > 1)
+                qsort(hold, m, sizeof(uint64_t), cmp_asc_u64);
+            for (size_t j = 0; j < m; j++) {
+                uint32_t idx = (uint32_t)hold[j];
+                uint8_t tier = (uint8_t)((hold[j] >> 32) & 3);
+                struct kvi_slot *s = NULL;
+                for (uint32_t r = 0; r < nrs; r++)
+                    if (kvi__slot(ix, rs[r])->tier == tier)
+                        s = kvi__slot(ix, rs[r]);
+                struct kvi_entry *e = kvi__entry(p, idx);
+                bool f;
+                struct kvi_dump_block d = {
+                    .instance = ii,
+                    .dp_rank = rank,
+                    .tier = (enum kvi_tier)tier,
+                    .position = e->pos,
+                    .engine_hash = member_eh(e, s->id, &f),
+                    .content_hash = e->content,
+                    .no_content = entry_no_content(e),
+                    .seq_hash = e->seq,
+                };
+                if (entry_parent(e) != KVI_NONE && !kvi_ix__member_is_root(e, s->id)) {
+                    struct kvi_entry *pe = kvi__entry(p, entry_parent(e));
+                    uint64_t peh = member_eh(pe, s->id, &f); /* same slot first */
+                    for (uint32_t r = 0; !f && r < nrs; r++)
+                        if (rs[r] != s->id)
+                            peh = member_eh(pe, rs[r], &f);
+                    d.has_parent = f;
+                    d.parent_engine_hash = f ? peh : 0;
+                }
+                emit(ctx, &d);
+            }
+            free(hold);
+        }
+        free(done);
+    }
+}
