@@ -1,5 +1,5 @@
 /*
- * Internal layout of the positional index (engine/index.c). Exposed to the
+ * Internal layout of the positional index (engine/index*.c). Exposed to the
  * engine's tests and benchmarks only.
  */
 #ifndef KVI_ENGINE_INDEX_INTERNAL_H
