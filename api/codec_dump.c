@@ -37,6 +37,7 @@ void kvi_dump_enc_init(struct kvi_dump_enc *enc, kvi_dump_sink_fn sink, void *si
 {
     memset(enc, 0, sizeof(*enc));
     kvi_buf_init(&enc->out);
+    kvi_buf_init(&enc->_wm);
     enc->_sink = sink;
     enc->_sink_ctx = sink_ctx;
     enc->_flush_at = flush_at ? flush_at : KVI_DUMP_FLUSH_DEFAULT;
@@ -46,6 +47,7 @@ void kvi_dump_enc_init(struct kvi_dump_enc *enc, kvi_dump_sink_fn sink, void *si
 void kvi_dump_enc_free(struct kvi_dump_enc *enc)
 {
     kvi_buf_free(&enc->out);
+    kvi_buf_free(&enc->_wm);
 }
 
 static void enc_flush(struct kvi_dump_enc *enc, bool force)
@@ -101,6 +103,7 @@ void kvi_dump_enc_ns_begin(struct kvi_dump_enc *enc, struct kvi_str model, struc
     enc->_ix = ix;
     enc->_in_ns = true;
     enc->_have_cache = false;
+    kvi_buf_reset(&enc->_wm);
 }
 
 #define LIT(b, s) kvi_buf_put((b), (s), sizeof(s) - 1)
@@ -163,11 +166,40 @@ void kvi_dump_emit(void *ctx, const struct kvi_dump_block *b)
     kvi_dump_enc_block(enc, b, &enc->_cache_worker);
 }
 
+void kvi_dump_enc_watermark(struct kvi_dump_enc *enc, const struct kvi_dump_worker *w, uint32_t dp_rank,
+                            uint64_t seq)
+{
+    struct kvi_buf *o = &enc->_wm;
+    if (enc->err != 0 || !enc->_in_ns)
+        return;
+    if (o->len > 0)
+        kvi_buf_putc(o, ',');
+    LIT(o, "{\"worker_id\":");
+    if (w->name != NULL)
+        kvi_json_put_str(o, w->name, strlen(w->name));
+    else
+        kvi_buf_put_u64(o, w->id);
+    LIT(o, ",\"dp_rank\":");
+    kvi_buf_put_u64(o, dp_rank);
+    LIT(o, ",\"seq\":");
+    kvi_buf_put_u64(o, seq);
+    kvi_buf_putc(o, '}');
+}
+
 void kvi_dump_enc_ns_end(struct kvi_dump_enc *enc)
 {
     if (!enc->_in_ns)
         return;
-    kvi_buf_puts(&enc->out, "]}");
+    kvi_buf_putc(&enc->out, ']');
+    if (enc->_wm.len > 0 || !kvi_buf_ok(&enc->_wm)) {
+        if (!kvi_buf_ok(&enc->_wm))
+            enc->out.oom = true;
+        LIT(&enc->out, ",\"watermarks\":[");
+        kvi_buf_put(&enc->out, enc->_wm.data, enc->_wm.len);
+        kvi_buf_putc(&enc->out, ']');
+        kvi_buf_reset(&enc->_wm);
+    }
+    kvi_buf_putc(&enc->out, '}');
     enc->_in_ns = false;
     enc_flush(enc, false);
 }
@@ -209,7 +241,7 @@ enum dec_state {
     S_END,          /* only whitespace may follow */
 };
 
-enum ns_key { K_OTHER, K_BLOCK_SIZE, K_EVENTS, K_ERROR };
+enum ns_key { K_OTHER, K_BLOCK_SIZE, K_EVENTS, K_ERROR, K_WATERMARKS };
 
 struct dec_block {
     uint64_t engine, content, seq;
@@ -739,6 +771,80 @@ bad:
     return dec_fail(d, "invalid RouterEvent");
 }
 
+/* Parse a "watermarks" value [pos, pos + len) and hand its entries over. */
+static int parse_watermarks(struct kvi_dump_dec *d, size_t len)
+{
+    struct kvi_rd rd;
+    kvi_rd_init(&rd, d->in.data + d->pos, len, KVI_ENC_JSON, &d->ev_scratch);
+    int r = kvi_rd_arr_begin(&rd);
+    if (r != 0)
+        goto bad;
+    /* two passes: validate the whole array, then call back (so that a bad
+     * entry fails the body before any entry of it was handed out) */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            kvi_rd_init(&rd, d->in.data + d->pos, len, KVI_ENC_JSON, &d->ev_scratch);
+            (void)kvi_rd_arr_begin(&rd);
+        }
+        while ((r = kvi_rd_arr_next(&rd)) == 1) {
+            struct kvi_dump_wm w;
+            memset(&w, 0, sizeof(w));
+            w.model = d->model;
+            w.tenant = d->tenant;
+            bool has_worker = false, has_seq = false;
+            struct kvi_str k;
+            if ((r = kvi_rd_obj_begin(&rd)) != 0)
+                goto bad;
+            while ((r = kvi_rd_obj_next(&rd, &k)) == 1) {
+                r = 0;
+                if (kvi_str_eq(k, "worker_id")) {
+                    if (kvi_rd_peek(&rd) == KVI_VT_STR) {
+                        r = kvi_rd_str(&rd, &w.worker_name);
+                        w.worker_named = true;
+                    } else {
+                        r = rd_hash(&rd, &w.worker_id);
+                    }
+                    has_worker = true;
+                } else if (kvi_str_eq(k, "dp_rank")) {
+                    r = kvi_rd_null(&rd) ? 0 : rd_u32(&rd, &w.dp_rank);
+                } else if (kvi_str_eq(k, "seq")) {
+                    struct kvi_num n;
+                    r = kvi_rd_num(&rd, &n);
+                    if (r == 0 && (n.neg || n.mag == UINT64_MAX)) /* ff x 8 is never a batch */
+                        r = -EINVAL;
+                    w.seq = n.mag;
+                    has_seq = true;
+                } else {
+                    r = kvi_rd_skip(&rd);
+                }
+                if (r != 0)
+                    goto bad;
+            }
+            if (r < 0)
+                goto bad;
+            if (!has_worker || !has_seq) {
+                r = -EINVAL;
+                goto bad;
+            }
+            if (pass == 1 && d->cb.wm != NULL) {
+                int cr = d->cb.wm(d->cb.ctx, &w);
+                if (cr != 0) {
+                    snprintf(d->errmsg, sizeof(d->errmsg), "stopped by the watermark callback (%d)", cr);
+                    d->err = cr;
+                    return cr;
+                }
+            }
+        }
+        if (r < 0 || kvi_rd_finish(&rd) != 0)
+            goto bad;
+    }
+    return 0;
+bad:
+    if (r == -ENOMEM || rd.err == -ENOMEM)
+        return dec_nomem(d);
+    return dec_fail(d, "invalid watermarks");
+}
+
 static int ns_open(struct kvi_dump_dec *d, struct kvi_str key)
 {
     kvi_buf_reset(&d->ns_name);
@@ -825,6 +931,7 @@ static int step(struct kvi_dump_dec *d, bool final)
         d->key = kvi_str_eq(key, "block_size") ? K_BLOCK_SIZE
                  : kvi_str_eq(key, "events")   ? K_EVENTS
                  : kvi_str_eq(key, "error")    ? K_ERROR
+                 : kvi_str_eq(key, "watermarks") ? K_WATERMARKS
                                                : K_OTHER;
         kvi_scratch_reset(&d->ev_scratch);
         d->st = S_NS_COLON;
@@ -851,6 +958,13 @@ static int step(struct kvi_dump_dec *d, bool final)
             d->pos += len;
             d->st = S_NS_NEXT;
             return announce(d) == 0 ? 1 : d->err;
+        }
+        if (d->key == K_WATERMARKS) {
+            if ((r = parse_watermarks(d, len)) != 0)
+                return r;
+            d->pos += len;
+            d->st = S_NS_NEXT;
+            return 1;
         }
         if (d->key == K_ERROR) {
             struct kvi_str msg = {"", 0};

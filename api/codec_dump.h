@@ -24,6 +24,15 @@
  *   replay it with kvi_index_store_seq_only), and a string "worker_id" for an
  *   instance registered by name (Conductor); a Dynamo peer cannot parse the
  *   last one, so dump Conductor namespaces only to kvidx peers.
+ *   Watermarks (kvidx extension, after "events"; a Dynamo peer skips the
+ *   key): "watermarks":[{"worker_id":1,"dp_rank":0,"seq":41},...], one per
+ *   registration (worker_id a string for a named instance) whose applied
+ *   position is set: seq is the last batch of that (worker, dp_rank)'s event
+ *   stream all of whose ops are in the dumped blocks, read on the writer
+ *   right before its partition was dumped (net/listener.h
+ *   kvi_listeners_applied). A replica recovering from the dump seeds its
+ *   listener's W with it (http-api.md §1.16). The key is left out when the
+ *   namespace has no such registration.
  *
  * ENCODER: the caller opens the body, then per namespace ns_begin, blocks
  *   (directly or as the kvi_dump_fn of kvi_index_dump_partition), ns_end;
@@ -34,7 +43,8 @@
  *
  * DECODER: feed the body in chunks of any size; it calls back once per
  *   namespace (when its block_size is known) and once per record, in body
- *   order. Memory is bounded by the largest single event, not the dump
+ *   order. Memory is bounded by the largest single event (or watermarks
+ *   array), not the dump
  *   (events that precede their namespace's "block_size" are held until it
  *   arrives). Unknown keys are skipped; the Dynamo reference's recovery
  *   rule holds: a namespace without both block_size and events, or with an
@@ -82,6 +92,7 @@ struct kvi_dump_enc {
     bool _have_cache;
     uint32_t _cache_inst;
     struct kvi_dump_worker _cache_worker;
+    struct kvi_buf _wm;     /* the current namespace's watermark entries */
 };
 
 /**
@@ -111,7 +122,14 @@ void kvi_dump_enc_block(struct kvi_dump_enc *enc, const struct kvi_dump_block *b
  * not know is skipped.
  */
 void kvi_dump_emit(void *ctx, const struct kvi_dump_block *b);
-/** Close the current namespace. */
+/**
+ * Add a watermark entry to the current namespace (written by ns_end after
+ * its events). Same thread rules as kvi_dump_enc_block (a partition's writer
+ * may call it, in the `pre` hook of kvi_producer_dump_partition_pre).
+ */
+void kvi_dump_enc_watermark(struct kvi_dump_enc *enc, const struct kvi_dump_worker *w, uint32_t dp_rank,
+                            uint64_t seq);
+/** Close the current namespace (its watermarks, if any, then '}'). */
 void kvi_dump_enc_ns_end(struct kvi_dump_enc *enc);
 /** Write namespace "<model>:<tenant>" as {"error":"<msg>"} (no ns_begin). */
 void kvi_dump_enc_ns_error(struct kvi_dump_enc *enc, struct kvi_str model, struct kvi_str tenant,
@@ -153,12 +171,31 @@ struct kvi_dump_rec {
     bool no_content;           /* STORED: content unknown (placed by seq without tokens) */
 };
 
+/** One decoded watermark entry. Strings are valid during the callback only. */
+struct kvi_dump_wm {
+    struct kvi_str model;
+    struct kvi_str tenant;
+    bool worker_named;         /* worker_name set instead of worker_id */
+    uint64_t worker_id;
+    struct kvi_str worker_name;
+    uint32_t dp_rank;
+    uint64_t seq;
+};
+
 struct kvi_dump_dec_cb {
     /** A namespace starts (block size known). Nonzero stops decoding. May be NULL. */
     int (*ns)(void *ctx, struct kvi_str model, struct kvi_str tenant, uint32_t block_size);
     /** One record. Nonzero stops decoding (returned by feed/finish). */
     int (*rec)(void *ctx, const struct kvi_dump_rec *r);
     void *ctx;
+    /**
+     * One watermark entry of the namespace being decoded (may be NULL), in
+     * body order; a "watermarks" value that is not an array of objects with
+     * worker_id, dp_rank (null = 0) and seq fails the body (-EBADMSG), and
+     * the whole array is parsed before the first call. Nonzero stops
+     * decoding.
+     */
+    int (*wm)(void *ctx, const struct kvi_dump_wm *w);
 };
 
 struct kvi_dump_dec;

@@ -12,6 +12,10 @@
  *   ended) before it looks at the pin table under `mu`, so a namespace a
  *   dump listed is found pinned, and one it did not list can no longer be
  *   listed. Nobody calls synchronize_rcu with `mu` held.
+ *   Watermarks: the `pre` hook of kvi_producer_dump_partition_pre reads the
+ *   applied positions of the partition's listeners on the writer, at the
+ *   point of the partition's blocks, into the encoder's watermark buffer;
+ *   ns_end writes them after the namespace's events.
  *   Spool hand-off: the encoder is written on the writer thread inside
  *   kvi_producer_dump_partition and read by the dump thread after it
  *   returns (the producer's flush orders the two).
@@ -55,6 +59,7 @@ struct dump_pin {
 
 struct kvi_dump_pool {
     struct kvi_writer_pool *writers;
+    struct kvi_listeners *listeners; /* watermarks (may be NULL) */
     struct kvi_nsreg *nsreg;
     unsigned max_threads;
 
@@ -84,6 +89,11 @@ struct kvi_dump_pool *kvi_dump_pool_create(struct kvi_writer_pool *writers, stru
     pthread_mutex_init(&dp->mu, NULL);
     pthread_cond_init(&dp->cv, NULL);
     return dp;
+}
+
+void kvi_dump_pool_set_listeners(struct kvi_dump_pool *dp, struct kvi_listeners *lp)
+{
+    dp->listeners = lp;
 }
 
 /* ---- pins ------------------------------------------------------------------------------ */
@@ -145,6 +155,32 @@ static struct kvi_str zstr(const char *s)
     return (struct kvi_str){s, strlen(s)};
 }
 
+/* One partition's dump on its writer: the watermarks, then the blocks. */
+struct part_ctx {
+    struct kvi_dump_enc *enc;
+    struct kvi_listeners *lp;
+    struct kvi_index *ix;
+};
+
+static void part_wm(void *ctx, const struct kvi_listener_applied *a)
+{
+    struct part_ctx *pc = ctx;
+    struct kvi_dump_worker w = {a->instance_id, a->instance_name};
+    kvi_dump_enc_watermark(pc->enc, &w, a->dp_rank, a->seq);
+}
+
+static void part_pre(void *ctx, uint32_t part)
+{
+    struct part_ctx *pc = ctx;
+    if (pc->lp != NULL)
+        kvi_listeners_applied(pc->lp, pc->ix, part, part_wm, pc);
+}
+
+static void part_emit(void *ctx, const struct kvi_dump_block *b)
+{
+    kvi_dump_emit(((struct part_ctx *)ctx)->enc, b);
+}
+
 /* Hand the spool to the sink, then empty it. @return 0, -ENOMEM or the sink's error. */
 static int spool_drain(struct kvi_dump_enc *enc, kvi_dump_sink_fn sink, void *ctx)
 {
@@ -193,7 +229,8 @@ static int dump_run(struct kvi_dump_pool *dp, struct kvi_producer *prod, kvi_dum
         struct kvi_ns *ns = list[i];
         kvi_dump_enc_ns_begin(&enc, zstr(ns->model), zstr(ns->tenant), ns->block_size, ns->ix);
         for (uint32_t part = 0; part < kvi_index_n_parts(ns->ix) && rc == 0; part++) {
-            kvi_producer_dump_partition(prod, ns->ix, part, kvi_dump_emit, &enc);
+            struct part_ctx pc = {&enc, dp->listeners, ns->ix};
+            kvi_producer_dump_partition_pre(prod, ns->ix, part, part_pre, part_emit, &pc);
             rc = spool_drain(&enc, sink, ctx);
         }
         kvi_dump_enc_ns_end(&enc);

@@ -45,6 +45,7 @@
 #include "api/codec_dump.h"
 #include "engine/namespace.h"
 #include "engine/writer.h"
+#include "net/listener.h"
 
 struct kvi_dump_pool;
 
@@ -64,6 +65,16 @@ typedef void (*kvi_dump_done_fn)(void *ctx, int rc);
  */
 struct kvi_dump_pool *kvi_dump_pool_create(struct kvi_writer_pool *writers, struct kvi_nsreg *nsreg,
                                            unsigned max_threads);
+
+/**
+ * Name the listeners whose applied positions each namespace lists under
+ * "watermarks" (api/codec_dump.h): read on the partition's writer right
+ * before the partition's blocks (kvi_producer_dump_partition_pre), so each
+ * entry is exactly the last batch of its stream in the dumped blocks.
+ * @p lp must outlive the pool; NULL (the default) dumps no watermarks. Call
+ * before the first submit.
+ */
+void kvi_dump_pool_set_listeners(struct kvi_dump_pool *dp, struct kvi_listeners *lp);
 
 /**
  * Queue a dump of every namespace in @p nsreg: the body goes to

@@ -4,6 +4,11 @@
  * shutdown begins; its body callback feeds the dump decoder, whose
  * callbacks turn records into single-block ops submitted through the control
  * thread's producer. Memory stays bounded by the decoder's largest event.
+ * The dump's watermarks (api/codec_dump.h) are kept per (namespace,
+ * instance, dp_rank) and handed to the service only once the whole dump
+ * applied (kvi_service_ctl_recovered_watermark: it seeds the gated
+ * listeners, or the key's later registration); a failed peer's are
+ * discarded with its blocks.
  */
 #include "api/recovery.h"
 
@@ -32,6 +37,15 @@ struct attempt {
     struct touched_ns *ns;
     size_t n_ns, cap_ns;
     struct touched_ns *cur; /* namespace of the last record */
+    struct rec_wm {         /* watermarks, applied only when the whole dump was */
+        struct kvi_ns *ns;
+        uint32_t dense;
+        uint32_t dp_rank;
+        uint64_t worker_id;
+        char *worker_name;  /* NULL for a numeric id */
+        uint64_t seq;
+    } *wm;
+    size_t n_wm, cap_wm;
     int dec_rc;             /* decoder error (sticky) */
     uint64_t blocks;        /* blocks submitted */
     uint64_t skipped;       /* records that could not be replayed */
@@ -155,6 +169,36 @@ static int on_rec(void *ctx, const struct kvi_dump_rec *r)
     return 0;
 }
 
+static int on_wm(void *ctx, const struct kvi_dump_wm *w)
+{
+    struct attempt *a = ctx;
+    struct touched_ns *t = a->cur;
+    if (t == NULL || !kvi_str_eq(w->model, t->ns->model) || !kvi_str_eq(w->tenant, t->ns->tenant)) {
+        t = NULL; /* only namespaces whose block size is known (the encoder puts watermarks last) */
+        for (size_t i = 0; i < a->n_ns && t == NULL; i++)
+            if (kvi_str_eq(w->model, a->ns[i].ns->model) && kvi_str_eq(w->tenant, a->ns[i].ns->tenant))
+                t = &a->ns[i];
+        if (t == NULL)
+            return 0;
+    }
+    char *name = NULL;
+    if (w->worker_named && (name = strndup(w->worker_name.p, w->worker_name.len)) == NULL)
+        return -ENOMEM;
+    int64_t dense = kvi_index_intern_instance(t->ns->ix, w->worker_named ? 0 : w->worker_id, name, false);
+    if (dense < 0) {
+        free(name);
+        return -ENOMEM;
+    }
+    touch_inst(t, (uint32_t)dense);
+    if (a->n_wm == a->cap_wm) {
+        a->cap_wm = a->cap_wm ? a->cap_wm * 2 : 16;
+        a->wm = kvi_xrealloc(a->wm, a->cap_wm * sizeof *a->wm);
+    }
+    a->wm[a->n_wm++] = (struct rec_wm){t->ns, (uint32_t)dense, w->dp_rank, w->worker_named ? 0 : w->worker_id,
+                                       name, w->seq};
+    return 0;
+}
+
 static int on_body(void *ud, const void *data, size_t len)
 {
     struct attempt *a = ud;
@@ -189,6 +233,9 @@ static void attempt_free(struct attempt *a)
     for (size_t i = 0; i < a->n_ns; i++)
         free(a->ns[i].inst);
     free(a->ns);
+    for (size_t i = 0; i < a->n_wm; i++)
+        free(a->wm[i].worker_name);
+    free(a->wm);
     kvi_dump_dec_destroy(a->dec);
 }
 
@@ -204,7 +251,7 @@ static int try_peer(struct kvi_service *svc, struct kvi_http_client *client, con
                     struct kvi_recovery_stats *st, char *err, size_t errlen)
 {
     struct attempt a = {.svc = svc, .prod = kvi_service_ctl_producer(svc)};
-    struct kvi_dump_dec_cb cb = {on_ns, on_rec, &a};
+    struct kvi_dump_dec_cb cb = {on_ns, on_rec, &a, on_wm};
     a.dec = kvi_dump_dec_create(&cb);
     if (a.dec == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -233,14 +280,20 @@ static int try_peer(struct kvi_service *svc, struct kvi_http_client *client, con
     }
     kvi_producer_flush(a.prod);
     if (rc != 0) {
-        rollback(&a);
+        rollback(&a); /* its watermarks go with its blocks */
     } else {
+        for (size_t i = 0; i < a.n_wm; i++) {
+            const struct rec_wm *w = &a.wm[i];
+            kvi_service_ctl_recovered_watermark(svc, w->ns, w->dense, w->worker_id, w->worker_name, w->dp_rank,
+                                                w->seq);
+        }
         struct kvi_op_sink s;
         kvi_op_sink_read(&a.sink, &s);
         st->blocks = a.blocks;
         st->rejected = s.outcomes[KVI_OUT_PARENT_NOT_FOUND] + s.outcomes[KVI_OUT_INVALID] + a.skipped;
-        kvi_log_info("recovery: applied %" PRIu64 " block(s) in %zu namespace(s) from %s (%" PRIu64 " rejected)",
-                     a.blocks, a.n_ns, peer, st->rejected);
+        kvi_log_info("recovery: applied %" PRIu64 " block(s) in %zu namespace(s) from %s (%" PRIu64
+                     " rejected, %zu watermark(s))",
+                     a.blocks, a.n_ns, peer, st->rejected, a.n_wm);
     }
     attempt_free(&a);
     return rc;

@@ -15,7 +15,11 @@
  *      decoder rejects (malformed, or a namespace without both block_size and
  *      events, such as an {"error":...} entry): what its attempt applied is
  *      rolled back (its instances are removed, namespaces it created and no
- *      registration uses are deleted) and the next peer is tried;
+ *      registration uses are deleted), its watermarks discarded, and the
+ *      next peer is tried; the first peer whose dump applied whole has its
+ *      watermarks (api/codec_dump.h) handed to the service
+ *      (kvi_service_ctl_recovered_watermark), which seeds the gated
+ *      listeners before the gate opens, or later registrations;
  *   4. no peer works: start empty (KVI_RECOVERY_NO_REACHABLE_PEERS).
  *
  * Every step stops early once shutdown has begun (KVI_RECOVERY_FAILED).

@@ -114,6 +114,15 @@ struct kvi_service {
     size_t n_peers, cap_peers;
     struct cond_view *_Atomic cview; /* RCU-published */
 
+    /* watermarks recovered from a peer for keys not registered yet (control thread) */
+    struct svc_rwm {
+        struct kvi_index *ix;
+        uint32_t dense;
+        uint32_t dp_rank;
+        uint64_t seq;
+    } *rwm;
+    size_t n_rwm, cap_rwm;
+
     /* readiness */
     _Atomic bool recovery_running;
     _Atomic int recovery_result;
@@ -219,6 +228,7 @@ struct kvi_service *kvi_service_create(const struct kvi_service_config *cfg)
         err = errno;
         goto fail;
     }
+    kvi_dump_pool_set_listeners(svc->dumps, svc->listeners);
     return svc;
 fail:
     kvi_service_destroy(svc);
@@ -404,6 +414,7 @@ void kvi_service_destroy(struct kvi_service *svc)
         free_cond(&svc->c[i]);
     free(svc->c);
     free(svc->nsr);
+    free(svc->rwm);
     for (size_t i = 0; i < svc->n_peers; i++)
         free(svc->peers[i]);
     free(svc->peers);
@@ -477,8 +488,60 @@ static struct kvi_ns *ns_get(struct kvi_service *svc, const char *model, const c
 }
 
 /* Unlink, forget and free a namespace nobody uses (control thread, outside any read section). */
+/* ---- recovered watermarks (control thread) ---------------------------------------------- */
+
+/* Drop the entries of (ix, dense, rank); any instance when all_inst, any rank when all_ranks. */
+static void rwm_drop(struct kvi_service *svc, const struct kvi_index *ix, uint32_t dense, bool all_inst,
+                     uint32_t rank, bool all_ranks)
+{
+    for (size_t i = svc->n_rwm; i-- > 0;) {
+        const struct svc_rwm *e = &svc->rwm[i];
+        if (e->ix == ix && (all_inst || e->dense == dense) && (all_ranks || e->dp_rank == rank))
+            svc->rwm[i] = svc->rwm[--svc->n_rwm];
+    }
+}
+
+/* The recovered watermark of a key about to be registered: seeds its spec. */
+static void rwm_seed_spec(struct kvi_service *svc, struct kvi_listener_spec *spec, uint32_t dense)
+{
+    for (size_t i = 0; i < svc->n_rwm; i++) {
+        const struct svc_rwm *e = &svc->rwm[i];
+        if (e->ix == spec->ix && e->dense == dense && e->dp_rank == spec->dp_rank) {
+            spec->seed_watermark = true;
+            spec->watermark = e->seq;
+            return;
+        }
+    }
+}
+
+void kvi_service_ctl_recovered_watermark(struct kvi_service *svc, struct kvi_ns *ns, uint32_t dense,
+                                         uint64_t worker_id, const char *worker_name, uint32_t dp_rank,
+                                         uint64_t seq)
+{
+    struct kvi_listener_key key = {ns->ix, worker_name ? 0 : worker_id, worker_name, dp_rank};
+    int rc = kvi_listeners_seed(svc->listeners, &key, seq);
+    if (rc == 0) {
+        kvi_log_debug("recovery: listener %s%s%" PRIu64 " dp_rank %" PRIu32 " starts after seq %" PRIu64,
+                      worker_name ? worker_name : "", worker_name ? " " : "", worker_name ? 0 : worker_id, dp_rank,
+                      seq);
+        return;
+    }
+    if (rc == -EBUSY) { /* registered and already ingesting: its own W rules */
+        kvi_log_warn("recovery: watermark of instance %s%" PRIu64 " dp_rank %" PRIu32 " ignored: already ingesting",
+                     worker_name ? worker_name : "", worker_name ? 0 : worker_id, dp_rank);
+        return;
+    }
+    rwm_drop(svc, ns->ix, dense, false, dp_rank, false);
+    if (svc->n_rwm == svc->cap_rwm) {
+        svc->cap_rwm = svc->cap_rwm ? svc->cap_rwm * 2 : 16;
+        svc->rwm = kvi_xrealloc(svc->rwm, svc->cap_rwm * sizeof *svc->rwm);
+    }
+    svc->rwm[svc->n_rwm++] = (struct svc_rwm){ns->ix, dense, dp_rank, seq};
+}
+
 static void ns_delete(struct kvi_service *svc, struct kvi_ns *ns)
 {
+    rwm_drop(svc, ns->ix, 0, true, 0, true);
     struct svc_nsrec *r = nsrec_find(svc, ns);
     pthread_mutex_lock(&svc->mu);
     if (r != NULL)
@@ -729,6 +792,8 @@ static void submit_op(struct kvi_service *svc, enum kvi_op_type type, struct kvi
     op->dp_rank = rank;
     kvi_producer_submit(svc->prod, op);
     kvi_producer_flush(svc->prod);
+    if (type == KVI_OP_REMOVE_INSTANCE || type == KVI_OP_REMOVE_DP_RANK) /* the blocks it named are gone */
+        rwm_drop(svc, ns->ix, dense, false, rank, type == KVI_OP_REMOVE_INSTANCE);
 }
 
 /* A listener registration failed with rc: fill err. */
@@ -787,6 +852,7 @@ static int dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str mod
         .replay_endpoint = r,
         .block_size = bs,
     };
+    rwm_seed_spec(svc, &spec, (uint32_t)dense);
     int lrc = kvi_listeners_register(svc->listeners, &spec);
     if (lrc != 0) {
         rc = listener_err(lrc, &spec, id, err);
@@ -803,6 +869,11 @@ static int dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str mod
     }
     rank_insert_locked(w, rank, e, r);
     pthread_mutex_unlock(&svc->mu);
+    if (spec.seed_watermark) {
+        kvi_log_info("instance %" PRIu64 " dp_rank %" PRIu32 " starts after seq %" PRIu64 " (recovered)", id, rank,
+                     spec.watermark);
+        rwm_drop(svc, ns->ix, (uint32_t)dense, false, rank, false); /* the listener owns it now */
+    }
     if (new_worker)
         ns_ref(svc, ns, +1);
     kvi_log_info("registered instance %" PRIu64 " dp_rank %" PRIu32 " for %s:%s at %s%s%s", id, rank, m, t, e,
@@ -1174,6 +1245,7 @@ int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond
         .replay_endpoint = c.replay[0] ? c.replay : NULL,
         .block_size = c.block_size,
     };
+    rwm_seed_spec(svc, &spec, c.dense);
     int lrc = kvi_listeners_register(svc->listeners, &spec);
     if (lrc != 0) {
         if (lrc == -EEXIST) {
@@ -1196,6 +1268,8 @@ int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond
     }
     svc->c[svc->n_c++] = c;
     pthread_mutex_unlock(&svc->mu);
+    if (spec.seed_watermark)
+        rwm_drop(svc, c.ns->ix, c.dense, false, c.dp_rank, false); /* the listener owns it now */
     ns_ref(svc, c.ns, +1);
     cond_view_publish(svc);
     kvi_log_info("registered %s service %s|%s|%" PRIu32 " for model %s lora '%s' block_size %" PRIu32 " at %s",

@@ -314,4 +314,18 @@ struct kvi_ns *kvi_service_ctl_ns_get(struct kvi_service *svc, const char *model
  */
 bool kvi_service_ctl_ns_drop_unused(struct kvi_service *svc, struct kvi_ns *ns);
 
+/**
+ * A watermark recovered from a peer's /dump (recovery, after the dump was
+ * applied whole): batch @p seq of (instance @p dense of @p ns, @p dp_rank)
+ * is the last one in the recovered blocks. A registration of that key that
+ * has not drained yet (the gated --workers listeners) is seeded at once
+ * (kvi_listeners_seed); otherwise the watermark is kept and seeds the key's
+ * first registration (kvi_listener_spec.seed_watermark), unless the
+ * instance's blocks are removed first (unregistration, namespace deletion),
+ * which discards it.
+ */
+void kvi_service_ctl_recovered_watermark(struct kvi_service *svc, struct kvi_ns *ns, uint32_t dense,
+                                         uint64_t worker_id, const char *worker_name, uint32_t dp_rank,
+                                         uint64_t seq);
+
 #endif

@@ -239,6 +239,8 @@ static void apply(struct kvi_writer *w, struct kvi_op *op)
         sink_add(&sink->outcomes[KVI_OUT_UNKNOWN_BLOCK], unknown);
         sink_add(&sink->blocks_stored, stored);
         sink_add(&sink->hashes_removed, removed);
+        if (op->pub_applied) /* after the op: a dump on this writer sees both or neither */
+            __atomic_store_n(&sink->applied1, op->applied1, __ATOMIC_RELEASE);
     }
     free(op);
 }
@@ -249,6 +251,7 @@ void kvi_op_sink_read(const struct kvi_op_sink *sink, struct kvi_op_sink *out)
         out->outcomes[i] = __atomic_load_n(&sink->outcomes[i], __ATOMIC_RELAXED);
     out->blocks_stored = __atomic_load_n(&sink->blocks_stored, __ATOMIC_RELAXED);
     out->hashes_removed = __atomic_load_n(&sink->hashes_removed, __ATOMIC_RELAXED);
+    out->applied1 = __atomic_load_n(&sink->applied1, __ATOMIC_ACQUIRE);
 }
 
 static bool rings_empty(struct kvi_writer *w)
@@ -573,6 +576,7 @@ void kvi_producer_call(struct kvi_producer *p, uint32_t writer, void (*fn)(void 
 
 struct dump_call {
     struct kvi_index *ix;
+    void (*pre)(void *ctx, uint32_t part);
     kvi_dump_fn emit;
     void *ctx;
 };
@@ -580,16 +584,34 @@ struct dump_call {
 static void dump_on_writer(void *arg, uint32_t writer)
 {
     struct dump_call *d = arg;
+    if (d->pre != NULL)
+        d->pre(d->ctx, writer);
     kvi_index_dump_partition(d->ix, writer, d->emit, d->ctx);
+}
+
+void kvi_producer_dump_partition_pre(struct kvi_producer *p, struct kvi_index *ix, uint32_t part,
+                                     void (*pre)(void *ctx, uint32_t part), kvi_dump_fn emit, void *ctx)
+{
+    if (part >= kvi_index_n_parts(ix) || part >= p->pool->n)
+        return;
+    struct dump_call d = {ix, pre, emit, ctx};
+    kvi_producer_call(p, part, dump_on_writer, &d); /* partition `part` is writer `part`'s */
 }
 
 void kvi_producer_dump_partition(struct kvi_producer *p, struct kvi_index *ix, uint32_t part, kvi_dump_fn emit,
                                  void *ctx)
 {
-    if (part >= kvi_index_n_parts(ix) || part >= p->pool->n)
-        return;
-    struct dump_call d = {ix, emit, ctx};
-    kvi_producer_call(p, part, dump_on_writer, &d); /* partition `part` is writer `part`'s */
+    kvi_producer_dump_partition_pre(p, ix, part, NULL, emit, ctx);
+}
+
+uint64_t kvi_op_sink_applied(const struct kvi_op_sink *sink)
+{
+    return __atomic_load_n(&sink->applied1, __ATOMIC_ACQUIRE);
+}
+
+void kvi_op_sink_set_applied(struct kvi_op_sink *sink, uint64_t applied1)
+{
+    __atomic_store_n(&sink->applied1, applied1, __ATOMIC_RELEASE);
 }
 
 void kvi_producer_dump(struct kvi_producer *p, struct kvi_index *ix, kvi_dump_fn emit, void *ctx)

@@ -85,11 +85,24 @@ enum kvi_op_outcome {
  *                      ops: 0.
  * (The writer's own kvi_writer_stats count differently: blocks and hashes of
  * every store and remove op, whatever its outcome.)
+ *
+ * Applied position (the source's watermark as the index sees it): after
+ * applying an op with pub_applied set (whatever its outcome), the writer
+ * stores op->applied1 into applied1 (release; read with kvi_op_sink_applied).
+ * The submitter chooses the value; a listener uses seq + 1 of the last batch
+ * of its stream all of whose ops on that writer are applied once this op is
+ * (0 = none), and sets pub_applied only on ops that go to one writer (its
+ * own instance's), so that the value is a property of that writer's
+ * partition. Because one writer applies one source's ops in submission order
+ * and a partition dump (kvi_producer_dump_partition_pre) runs on the
+ * partition's writer between two ops, applied1 read in the dump's `pre`
+ * hook names exactly the last batch whose ops are in the dumped blocks.
  */
 struct kvi_op_sink {
     uint64_t outcomes[KVI_OUT_COUNT]; /* ops by outcome (UNKNOWN_BLOCK: hashes) */
     uint64_t blocks_stored;           /* blocks in applied store ops */
     uint64_t hashes_removed;          /* hashes known to removes */
+    uint64_t applied1;                /* the last pub_applied op's applied1 (0 until one) */
 };
 
 /**
@@ -100,7 +113,7 @@ struct kvi_op {
     uint8_t type;        /* enum kvi_op_type */
     uint8_t tier;        /* enum kvi_tier */
     bool has_parent;
-    uint8_t _pad;
+    bool pub_applied;    /* with sink: publish applied1 into sink->applied1 (below) */
     uint32_t n;          /* blocks (STORE, STORE_SEQ_ONLY) or hashes (REMOVE, STORE_KNOWN) */
     struct kvi_index *ix;
     uint32_t instance;
@@ -113,6 +126,7 @@ struct kvi_op {
     void *arg;
     uint64_t *seq;       /* STORE: standard seq hashes, or NULL; STORE_SEQ_ONLY: required */
     struct kvi_op_sink *sink; /* optional: outcome counters of this op's source */
+    uint64_t applied1;   /* with pub_applied: the source's applied position (see kvi_op_sink) */
     union {
         struct kvi_block blocks[0]; /* STORE, STORE_SEQ_ONLY */
         uint64_t hashes[0];         /* REMOVE, STORE_KNOWN */
@@ -231,6 +245,19 @@ void kvi_producer_dump_partition(struct kvi_producer *p, struct kvi_index *ix, u
                                  void *ctx);
 
 /**
+ * kvi_producer_dump_partition with a hook: @p pre(ctx, part), when not NULL,
+ * runs on the partition's writer right before the first block is emitted,
+ * at the same point of the partition's event stream as the blocks (nothing
+ * is applied to the partition between the two). It is called even when the
+ * partition holds no block (and not at all when nothing would be emitted
+ * because @p part is out of range). Use it to read state published by the
+ * writer for that point, such as kvi_op_sink_applied of the sources whose
+ * ops go to this writer. Same rules as @p emit (do not block).
+ */
+void kvi_producer_dump_partition_pre(struct kvi_producer *p, struct kvi_index *ix, uint32_t part,
+                                     void (*pre)(void *ctx, uint32_t part), kvi_dump_fn emit, void *ctx);
+
+/**
  * Make every writer forget index @p ix (reclaiming its retired memory) after
  * everything this producer submitted. Call before kvi_index_destroy, once no
  * producer submits ops for @p ix any more. Owning thread of @p p only.
@@ -242,6 +269,20 @@ void kvi_producer_forget_index(struct kvi_producer *p, struct kvi_index *ix);
  * for the ops applied so far, but the counters are not one snapshot.
  */
 void kvi_op_sink_read(const struct kvi_op_sink *sink, struct kvi_op_sink *out);
+
+/**
+ * A sink's applied position (acquire load; any thread): the applied1 of the
+ * last op with pub_applied the writers applied for it, or what
+ * kvi_op_sink_set_applied stored (0 = none).
+ */
+uint64_t kvi_op_sink_applied(const struct kvi_op_sink *sink);
+
+/**
+ * Store @p applied1 as the sink's applied position (release), as a writer
+ * would: to seed it (a watermark recovered from a peer) before any op of the
+ * source is submitted.
+ */
+void kvi_op_sink_set_applied(struct kvi_op_sink *sink, uint64_t applied1);
 
 /** Counters of writer @p w (approximate while running). */
 void kvi_writer_stats(const struct kvi_writer_pool *pool, uint32_t w, struct kvi_writer_stats *st);

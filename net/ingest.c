@@ -122,6 +122,10 @@ static void ops_push(struct kvi_ingest_target *t, struct kvi_producer *p, struct
     struct kvi_ingest_scratch *s = t->_s;
     op->ix = t->ix;
     op->sink = t->sink;
+    if (t->pub_applied && op->instance == t->instance) {
+        op->pub_applied = true;
+        op->applied1 = t->applied1;
+    }
     s->ops[s->n_ops++] = op;
     s->n_pushed++;
     if (s->n_ops == KVI_INGEST_BURST)
@@ -437,6 +441,12 @@ size_t kvi_ingest_batch(struct kvi_ingest_target *t, const struct kvi_batch *b, 
         CTR_ADD(t, events_invalid, b->n_invalid);
     for (uint32_t i = 0; i < b->n_events; i++)
         ingest_event(t, p, &b->events[i], dp_rank);
+    if (t->pub_applied) /* the batch is whole once its last own op is applied */
+        for (size_t i = s->n_ops; i-- > 0;)
+            if (s->ops[i]->pub_applied) {
+                s->ops[i]->applied1 = t->applied1_end;
+                break;
+            }
     ops_flush(t, p);
     return (size_t)(s->n_pushed - before);
 }

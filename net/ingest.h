@@ -164,6 +164,20 @@ struct kvi_ingest_target {
     const char *name;                 /* for warnings (e.g. "instance 7 rank 0"); may be NULL */
     struct kvi_op_sink *sink;         /* writer-side outcome counters (may be NULL) */
     struct kvi_ingest_counters *ctr;  /* decode-side counters (may be NULL) */
+    /* Applied position (engine/writer.h, struct kvi_op_sink), with sink set:
+     * while pub_applied is true, every op on the target's own instance
+     * (never a shared pool's: those may go to another writer) is submitted
+     * with pub_applied and applied1, and kvi_ingest_batch gives the last
+     * such op of its batch still parked at the end applied1_end instead.
+     * A listener sets applied1 = W + 1 before the batch (0 = W unset) and
+     * applied1_end = the batch's seq + 1, so the sink names the last batch
+     * whose ops on the writer are all applied (a batch of more than
+     * KVI_INGEST_BURST ops whose tail is on pools only is named one batch
+     * late; a batch with no such op names nothing: both err on the side of
+     * an older position). */
+    bool pub_applied;
+    uint64_t applied1;
+    uint64_t applied1_end;
     struct kvi_ingest_scratch *_s;    /* private: set by init */
 };
 

@@ -132,6 +132,13 @@ static void publish_wm(struct listener *l)
     atomic_store_explicit(&l->pub_l1, wm->l_set ? wm->l + 1 : 0, memory_order_relaxed);
 }
 
+void kvi_lis__seed(struct listener *l, uint64_t w)
+{
+    kvi_wm_seed(&l->stream.wm, w);
+    publish_wm(l);
+    kvi_op_sink_set_applied(&l->sink, w + 1); /* the index holds batches up to w */
+}
+
 /* ---- sockets -------------------------------------------------------------- */
 
 static void set_ready(struct lis_thread *t, struct lsock *s)
@@ -323,6 +330,9 @@ static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
     }
     if (b.has_dp_rank)
         note_rank(l, b.dp_rank);
+    /* the ops publish W + 1 (before this batch), the batch's last one seq + 1 */
+    l->tgt.applied1 = kvi_wm_next(&l->stream.wm);
+    l->tgt.applied1_end = seq + 1;
     kvi_ingest_batch(&l->tgt, &b, t->prod);
     kvi_decoder_trim(t->dec); /* the ops own copies: the events are consumed */
     if (timing)
@@ -334,6 +344,7 @@ static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
 static void cb_clear(void *ctx)
 {
     struct listener *l = ctx;
+    l->tgt.applied1 = kvi_wm_next(&l->stream.wm); /* after a restart: W unset, 0 */
     kvi_ingest_reset_rank(&l->tgt, l->dp_rank, l->thr->prod);
     for (uint32_t i = 0; i < l->n_ranks; i++)
         kvi_ingest_reset_rank(&l->tgt, l->ranks[i], l->thr->prod);
@@ -811,6 +822,14 @@ static void exec_cmd(struct lis_thread *t, struct cmd *c)
     case CMD_STOP:
         t->stop = true;
         break;
+    case CMD_SEED:
+        /* only before anything was drained: W must name the recovered state */
+        if (c->l->draining || c->l->stream.wm.w_set || c->l->stream.wm.l_set) {
+            c->rc = -EBUSY;
+            break;
+        }
+        kvi_lis__seed(c->l, c->arg);
+        break;
     }
 }
 
@@ -837,7 +856,12 @@ static void run_commands(struct lis_thread *t)
 /* Control side: queue a command and wait until the thread has run it. */
 void kvi_lis__call(struct lis_thread *t, uint8_t type, struct listener *l)
 {
-    struct cmd c = {.type = type, .l = l};
+    (void)kvi_lis__call_arg(t, type, l, 0);
+}
+
+int kvi_lis__call_arg(struct lis_thread *t, uint8_t type, struct listener *l, uint64_t arg)
+{
+    struct cmd c = {.type = type, .l = l, .arg = arg};
     pthread_mutex_lock(&t->mu);
     if (t->q_tail != NULL)
         t->q_tail->next = &c;
@@ -852,6 +876,7 @@ void kvi_lis__call(struct lis_thread *t, uint8_t type, struct listener *l)
     while (!c.done)
         pthread_cond_wait(&t->cv, &t->mu);
     pthread_mutex_unlock(&t->mu);
+    return c.rc;
 }
 
 /* ---- the thread ----------------------------------------------------------- */

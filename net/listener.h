@@ -50,11 +50,12 @@
  *   | create / destroy                     | control plane (destroy: no      |
  *   |                                      | other call running)             |
  *   | register, unregister, pause, resume, | any thread; serialised inside;  |
- *   | open_gate                            | they wait for the listener      |
+ *   | open_gate, seed                      | they wait for the listener      |
  *   |                                      | thread, so never call them from |
  *   |                                      | a writer thread                 |
- *   | get, foreach, totals, thread_stats   | any thread (counters are        |
- *   |                                      | approximate while running)      |
+ *   | get, foreach, totals, thread_stats,  | any thread (counters are        |
+ *   | applied                              | approximate while running;      |
+ *   |                                      | applied: writer threads too)    |
  *
  *   Registration data (strings) are copied. The index named by a
  *   registration must outlive it: unregister first (it waits until every op
@@ -192,6 +193,8 @@ struct kvi_listener_spec {
     uint32_t block_size;          /* registered block size; 0 = the index's */
     int32_t group;                /* KV-cache group indexed (0) */
     uint32_t skip_tiers;          /* bit (1u << tier): skip events on that tier */
+    bool seed_watermark;          /* start with W = watermark (kvi_listeners_seed) rather than unset */
+    uint64_t watermark;           /* with seed_watermark */
 };
 
 /** The key of a registration. */
@@ -318,6 +321,42 @@ int kvi_listeners_resume(struct kvi_listeners *lp, const struct kvi_listener_key
  * an ungated pool or an open gate.
  */
 void kvi_listeners_open_gate(struct kvi_listeners *lp);
+
+/**
+ * Seed a registration's watermark W := @p seq, as if every batch up to @p seq
+ * had been applied (L stays unset): a watermark recovered from a peer's
+ * /dump (http-api.md §1.11), whose blocks are already in the index. Only
+ * before the listener drains anything: a pending listener of a gated pool
+ * (the buffered messages are then judged against W), or paused / failed
+ * ones that never drained. The listener's applied position (below) is set
+ * to @p seq as well, so a dump of this replica names the seeded batches.
+ * The same at registration: kvi_listener_spec.seed_watermark.
+ * @return 0, -ENOENT (not registered), -EBUSY (it has drained already).
+ */
+int kvi_listeners_seed(struct kvi_listeners *lp, const struct kvi_listener_key *key, uint64_t seq);
+
+/** One registration's applied position, for a dump (kvi_listeners_applied). */
+struct kvi_listener_applied {
+    uint64_t instance_id;
+    const char *instance_name; /* NULL for numeric ids; valid during the callback only */
+    uint32_t dp_rank;
+    uint64_t seq;              /* the last batch all of whose ops are applied */
+};
+
+/**
+ * Call @p fn for every registration of index @p ix whose instance is in
+ * partition @p part and whose applied position is set: the seq of the last
+ * batch of its stream all of whose ops on its own instance the partition's
+ * writer has applied (published by that writer, engine/writer.h struct
+ * kvi_op_sink: batches without ops, or whose ops are on shared pools only,
+ * are named by the next batch). Called on the partition's writer (the `pre`
+ * hook of kvi_producer_dump_partition_pre), the positions are exactly those
+ * of the blocks dumped. Any thread, writer threads included (the registry
+ * lock is never held while waiting for a writer); @p fn runs with that lock
+ * held and must not call into the pool. @return the number of calls.
+ */
+size_t kvi_listeners_applied(struct kvi_listeners *lp, struct kvi_index *ix, uint32_t part,
+                             void (*fn)(void *ctx, const struct kvi_listener_applied *a), void *ctx);
 
 /** @return 0 with @p out filled, or -ENOENT. */
 int kvi_listeners_get(struct kvi_listeners *lp, const struct kvi_listener_key *key, struct kvi_listener_info *out);

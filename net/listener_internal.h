@@ -98,11 +98,13 @@ struct bind_reg {
     struct bind_reg *next;
 };
 
-enum cmd_type { CMD_ADD, CMD_REMOVE, CMD_PAUSE, CMD_RESUME, CMD_GATE, CMD_STOP };
+enum cmd_type { CMD_ADD, CMD_REMOVE, CMD_PAUSE, CMD_RESUME, CMD_GATE, CMD_STOP, CMD_SEED };
 
 struct cmd {
     uint8_t type;
     bool done;
+    int rc;       /* CMD_SEED: 0 or -EBUSY */
+    uint64_t arg; /* CMD_SEED: the watermark */
     struct listener *l;
     struct cmd *next;
 };
@@ -175,6 +177,12 @@ void kvi_lis__thread_cleanup(struct lis_thread *t);
 
 /** Queue a command on thread @p t and wait until it ran (control side). */
 void kvi_lis__call(struct lis_thread *t, uint8_t type, struct listener *l);
+
+/** kvi_lis__call with an argument. @return the command's rc. */
+int kvi_lis__call_arg(struct lis_thread *t, uint8_t type, struct listener *l, uint64_t arg);
+
+/** Seed W := @p w and publish it (W and the sink's applied position). Owner thread, or before CMD_ADD. */
+void kvi_lis__seed(struct listener *l, uint64_t w);
 
 /** strdup that aborts on out-of-memory (control plane). */
 char *kvi_lis__strdup(const char *s);

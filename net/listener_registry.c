@@ -295,6 +295,7 @@ int kvi_listeners_register(struct kvi_listeners *lp, const struct kvi_listener_s
         .name = l->tgt_name,
         .sink = &l->sink,
         .ctr = &l->ictr,
+        .pub_applied = true, /* the sink names the last batch applied, for /dump */
     };
     rc = kvi_ingest_target_init(&l->tgt);
     if (rc != 0) {
@@ -311,6 +312,8 @@ int kvi_listeners_register(struct kvi_listeners *lp, const struct kvi_listener_s
         .timeout_ns = (uint64_t)lp->cfg.replay_timeout_ms * 1000000ull,
     };
     kvi_stream_init(&l->stream, &scfg, &kvi_lis__stream_ops, l, &l->ctr);
+    if (s->seed_watermark)
+        kvi_lis__seed(l, s->watermark); /* not on a thread yet: nothing else sees l */
 
     pthread_mutex_lock(&lp->ctl);
     pthread_mutex_lock(&lp->mu);
@@ -437,6 +440,36 @@ int kvi_listeners_pause(struct kvi_listeners *lp, const struct kvi_listener_key 
 int kvi_listeners_resume(struct kvi_listeners *lp, const struct kvi_listener_key *key)
 {
     return pause_resume(lp, key, false);
+}
+
+int kvi_listeners_seed(struct kvi_listeners *lp, const struct kvi_listener_key *key, uint64_t seq)
+{
+    pthread_mutex_lock(&lp->ctl);
+    pthread_mutex_lock(&lp->mu);
+    struct listener *l = find_locked(lp, key);
+    pthread_mutex_unlock(&lp->mu);
+    int rc = l == NULL ? -ENOENT : kvi_lis__call_arg(l->thr, CMD_SEED, l, seq);
+    pthread_mutex_unlock(&lp->ctl);
+    return rc;
+}
+
+size_t kvi_listeners_applied(struct kvi_listeners *lp, struct kvi_index *ix, uint32_t part,
+                             void (*fn)(void *ctx, const struct kvi_listener_applied *a), void *ctx)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&lp->mu);
+    for (struct listener *l = lp->list; l != NULL; l = l->next) {
+        if (l->ix != ix || kvi_index_partition_of(ix, l->instance) != part)
+            continue;
+        uint64_t a1 = kvi_op_sink_applied(&l->sink);
+        if (a1 == 0)
+            continue;
+        struct kvi_listener_applied a = {l->instance_id, l->instance_name, l->dp_rank, a1 - 1};
+        fn(ctx, &a);
+        n++;
+    }
+    pthread_mutex_unlock(&lp->mu);
+    return n;
 }
 
 void kvi_listeners_open_gate(struct kvi_listeners *lp)

@@ -89,6 +89,18 @@ static inline uint64_t kvi_wm_next(const struct kvi_wm *wm)
     return wm->w_set ? wm->w + 1 : 0;
 }
 
+/**
+ * Seed W := @p w as if every batch up to @p w had been applied (a watermark
+ * recovered from a peer's /dump); L is left as it is (unset on a fresh
+ * stream). The table above then applies: live s <= W is stale, W + 1 is
+ * applied, a later s replays from W + 1.
+ */
+static inline void kvi_wm_seed(struct kvi_wm *wm, uint64_t w)
+{
+    wm->w = w;
+    wm->w_set = true;
+}
+
 /** Record that batch @p s was applied: W := s. */
 static inline void kvi_wm_applied(struct kvi_wm *wm, uint64_t s)
 {

@@ -120,7 +120,7 @@ static int on_rec(void *ctx, const struct kvi_dump_rec *d)
 /* Decode @p body in chunks of @p chunk bytes (0 = whole). @return feed/finish result. */
 static int decode(const char *body, size_t len, size_t chunk, struct recs *out, char *err, size_t errn)
 {
-    struct kvi_dump_dec_cb cb = {on_ns, on_rec, out};
+    struct kvi_dump_dec_cb cb = {on_ns, on_rec, out, NULL};
     struct kvi_dump_dec *d = kvi_dump_dec_create(&cb);
     assert_non_null(d);
     int r = 0;
@@ -488,6 +488,138 @@ static int teardown(void **state)
     return 0;
 }
 
+/* ---- watermarks ------------------------------------------------------------------------ */
+
+struct wms {
+    char got[1024];
+    int stop_at; /* return 77 from the watermark callback at this entry (1-based; 0 = never) */
+    int n;
+};
+
+static int on_wm(void *ctx, const struct kvi_dump_wm *w)
+{
+    struct wms *x = ctx;
+    if (x->stop_at && ++x->n == x->stop_at)
+        return 77;
+    char who[64];
+    worker_name(who, sizeof who, w->worker_named, w->worker_id, w->worker_name.p, w->worker_name.len);
+    size_t l = strlen(x->got);
+    snprintf(x->got + l, sizeof(x->got) - l, "[%.*s|%.*s %s/%u@%llu]", (int)w->model.len, w->model.p,
+             (int)w->tenant.len, w->tenant.p, who, w->dp_rank, (unsigned long long)w->seq);
+    return 0;
+}
+
+/* Decode @p body twice (the decoder has one ctx): records into @p recs, watermarks into @p wms. */
+static int decode_wm(const char *body, size_t chunk, struct recs *recs, struct wms *wms, char *err, size_t errn)
+{
+    int r = decode(body, strlen(body), chunk, recs, err, errn);
+    struct kvi_dump_dec_cb cbw = {NULL, NULL, wms, on_wm};
+    struct kvi_dump_dec *d = kvi_dump_dec_create(&cbw);
+    assert_non_null(d);
+    size_t len = strlen(body);
+    if (chunk == 0)
+        chunk = len;
+    int rw = 0;
+    for (size_t off = 0; off < len && rw == 0; off += chunk)
+        rw = kvi_dump_dec_feed(d, body + off, len - off < chunk ? len - off : chunk);
+    if (rw == 0)
+        rw = kvi_dump_dec_finish(d);
+    if (rw != 0 && err)
+        snprintf(err, errn, "%s", kvi_dump_dec_error(d));
+    kvi_dump_dec_destroy(d);
+    return rw != 0 ? rw : r;
+}
+
+/* The watermarks extension: written after a namespace's events (only when it has some),
+ * decoded in order, and ignored by a decoder without the callback. */
+static void test_watermarks(void **state)
+{
+    (void)state;
+    struct kvi_dump_enc enc;
+    kvi_dump_enc_init(&enc, NULL, NULL, 0);
+    kvi_dump_enc_begin(&enc);
+    kvi_dump_enc_ns_begin(&enc, (struct kvi_str){"m", 1}, (struct kvi_str){"t", 1}, 16, NULL);
+    struct kvi_dump_block b1 = {.instance = 0, .dp_rank = 0, .tier = KVI_TIER_GPU, .position = 0,
+                                .engine_hash = 123, .content_hash = 456, .seq_hash = 456};
+    struct kvi_dump_worker w1 = {1, NULL}, w2 = {0, "node-a"};
+    kvi_dump_enc_watermark(&enc, &w1, 0, 41); /* a partition's hook may run before any block */
+    kvi_dump_enc_block(&enc, &b1, &w1);
+    kvi_dump_enc_watermark(&enc, &w2, 3, 18446744073709551614ull);
+    kvi_dump_enc_ns_end(&enc);
+    kvi_dump_enc_ns_begin(&enc, (struct kvi_str){"m2", 2}, (struct kvi_str){"default", 7}, 8, NULL);
+    kvi_dump_enc_ns_end(&enc); /* none: no key */
+    kvi_dump_enc_ns_begin(&enc, (struct kvi_str){"m3", 2}, (struct kvi_str){"default", 7}, 8, NULL);
+    kvi_dump_enc_watermark(&enc, &w1, 1, 0);
+    kvi_dump_enc_ns_end(&enc);
+    assert_int_equal(kvi_dump_enc_end(&enc), 0);
+    const char *want =
+        "{\"m:t\":{\"block_size\":16,\"events\":["
+        "{\"worker_id\":1,\"storage_tier\":\"device\",\"event\":{\"event_id\":0,\"dp_rank\":0,"
+        "\"data\":{\"stored\":{\"parent_hash\":null,\"start_position\":0,\"blocks\":[{\"block_hash\":123,"
+        "\"tokens_hash\":456,\"mm_extra_info\":null,\"seq_hash\":456}]}}}}],"
+        "\"watermarks\":[{\"worker_id\":1,\"dp_rank\":0,\"seq\":41},"
+        "{\"worker_id\":\"node-a\",\"dp_rank\":3,\"seq\":18446744073709551614}]},"
+        "\"m2:default\":{\"block_size\":8,\"events\":[]},"
+        "\"m3:default\":{\"block_size\":8,\"events\":[],\"watermarks\":[{\"worker_id\":1,\"dp_rank\":1,\"seq\":0}]}}";
+    assert_out(&enc.out, want);
+    char *body = strndup(enc.out.data, enc.out.len);
+    kvi_dump_enc_free(&enc);
+
+    static const size_t chunks[] = {0, 1, 7};
+    for (size_t ci = 0; ci < 3; ci++) {
+        struct recs got = {0};
+        struct wms wm = {0};
+        char err[256] = "";
+        assert_int_equal(decode_wm(body, chunks[ci], &got, &wm, err, sizeof err), 0);
+        assert_int_equal(got.n, 1); /* the watermarks are no records */
+        assert_string_equal(got.ns_seen, "[m|t|16][m2|default|8][m3|default|8]");
+        assert_string_equal(wm.got, "[m|t 1/0@41][m|t name:node-a/3@18446744073709551614][m3|default 1/1@0]");
+        free(got.v);
+    }
+    /* a Dynamo-style reader (no watermark callback) decodes the same records */
+    struct recs plain = {0};
+    assert_int_equal(decode(body, strlen(body), 0, &plain, NULL, 0), 0);
+    assert_int_equal(plain.n, 1);
+    free(plain.v);
+    /* before block_size, null dp_rank, unknown keys skipped */
+    struct recs got = {0};
+    struct wms wm = {0};
+    assert_int_equal(decode_wm("{\"x:y\":{\"watermarks\":[{\"seq\":5,\"x\":[1],\"worker_id\":7,\"dp_rank\":null}],"
+                               "\"block_size\":4,\"events\":[]}}",
+                               0, &got, &wm, NULL, 0),
+                     0);
+    assert_string_equal(wm.got, "[x|y 7/0@5]");
+    free(got.v);
+    /* a callback's nonzero value stops the decoding */
+    struct wms stop = {.stop_at = 2};
+    got = (struct recs){0};
+    char err[256];
+    assert_int_equal(decode_wm(body, 0, &got, &stop, err, sizeof err), 77);
+    free(got.v);
+    free(body);
+
+    static const char *bad[] = {
+        "{\"m:t\":{\"block_size\":16,\"events\":[],\"watermarks\":{}}}",
+        "{\"m:t\":{\"block_size\":16,\"events\":[],\"watermarks\":[1]}}",
+        "{\"m:t\":{\"block_size\":16,\"events\":[],\"watermarks\":[{\"worker_id\":1,\"dp_rank\":0}]}}",
+        "{\"m:t\":{\"block_size\":16,\"events\":[],\"watermarks\":[{\"dp_rank\":0,\"seq\":1}]}}",
+        "{\"m:t\":{\"block_size\":16,\"events\":[],\"watermarks\":[{\"worker_id\":1,\"seq\":-1}]}}",
+        "{\"m:t\":{\"block_size\":16,\"events\":[],\"watermarks\":[{\"worker_id\":1,\"seq\":1.5}]}}",
+        "{\"m:t\":{\"block_size\":16,\"events\":[],\"watermarks\":[{\"worker_id\":1,\"seq\":18446744073709551615}]}}",
+        "{\"m:t\":{\"block_size\":16,\"events\":[],\"watermarks\":[{\"worker_id\":1,\"dp_rank\":-1,\"seq\":1}]}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct recs g = {0};
+        struct wms w = {0};
+        char e[256] = "";
+        int r = decode_wm(bad[i], 0, &g, &w, e, sizeof e);
+        if (r != -EBADMSG || strncmp(e, "invalid watermarks", 18) != 0)
+            fail_msg("bad %zu: %d '%s'", i, r, e);
+        assert_string_equal(w.got, ""); /* nothing handed out from a bad array */
+        free(g.v);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -495,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_encoder_bytes),
         cmocka_unit_test(test_decode_dynamo),
         cmocka_unit_test(test_decode_errors),
+        cmocka_unit_test(test_watermarks),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

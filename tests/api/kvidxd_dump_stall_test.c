@@ -338,7 +338,7 @@ static int on_rec(void *ctx, const struct kvi_dump_rec *r)
 static struct counts decode(const char *body, size_t len)
 {
     struct counts c = {0};
-    struct kvi_dump_dec_cb cb = {on_ns, on_rec, &c};
+    struct kvi_dump_dec_cb cb = {on_ns, on_rec, &c, NULL};
     struct kvi_dump_dec *dec = kvi_dump_dec_create(&cb);
     assert_non_null(dec);
     int rc = kvi_dump_dec_feed(dec, body, len);

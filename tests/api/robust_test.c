@@ -193,7 +193,7 @@ static void test_dump_truncations(void **state)
     size_t n = strlen(body);
     for (size_t cut = 0; cut <= n; cut++) {
         size_t recs = 0;
-        struct kvi_dump_dec_cb cb = {NULL, count_rec, &recs};
+        struct kvi_dump_dec_cb cb = {NULL, count_rec, &recs, NULL};
         struct kvi_dump_dec *d = kvi_dump_dec_create(&cb);
         int r = kvi_dump_dec_feed(d, body, cut);
         if (r == 0)
@@ -213,7 +213,7 @@ static void test_dump_truncations(void **state)
             memcpy(m, body, n);
             m[at] = subst[k];
             size_t recs = 0;
-            struct kvi_dump_dec_cb cb = {NULL, count_rec, &recs};
+            struct kvi_dump_dec_cb cb = {NULL, count_rec, &recs, NULL};
             struct kvi_dump_dec *d = kvi_dump_dec_create(&cb);
             int r = kvi_dump_dec_feed(d, m, n);
             if (r == 0)

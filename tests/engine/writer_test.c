@@ -1211,6 +1211,93 @@ static void test_op_sinks(void **state)
     kvi_index_destroy(ix);
 }
 
+/* With pub_applied, a writer publishes op->applied1 into the sink after the op, whatever
+ * its outcome; ops without it leave the position alone. */
+static struct kvi_op *with_applied(struct kvi_op *op, struct kvi_op_sink *sink, uint64_t applied1)
+{
+    op->sink = sink;
+    op->pub_applied = true;
+    op->applied1 = applied1;
+    return op;
+}
+
+struct applied_probe {
+    struct kvi_op_sink *sink;
+    uint64_t seen;   /* the sink's position when pre ran */
+    uint32_t part;   /* pre's partition */
+    uint64_t blocks; /* blocks emitted before pre ran (must be 0) */
+    uint64_t emitted;
+    bool pre_ran;
+};
+
+static void probe_pre(void *ctx, uint32_t part)
+{
+    struct applied_probe *pr = ctx;
+    pr->pre_ran = true;
+    pr->part = part;
+    pr->seen = kvi_op_sink_applied(pr->sink);
+    pr->blocks = pr->emitted;
+}
+
+static void probe_emit(void *ctx, const struct kvi_dump_block *b)
+{
+    (void)b;
+    ((struct applied_probe *)ctx)->emitted++;
+}
+
+static void test_sink_applied_position(void **state)
+{
+    (void)state;
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(NW, 2); /* instance 0: writer 0 */
+    struct kvi_op_sink a;
+    memset(&a, 0, sizeof a);
+    assert_int_equal(kvi_op_sink_applied(&a), 0);
+    kvi_producer_submit(p, with_applied(op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, 4, false), &a, 1)); /* applied */
+    kvi_producer_flush(p);
+    assert_int_equal(kvi_op_sink_applied(&a), 1);
+    kvi_producer_submit(p, with_sink(op_store(ix, 0, 0, KVI_TIER_GPU, 0, 4, 2, false), &a)); /* no pub_applied */
+    kvi_producer_flush(p);
+    assert_int_equal(kvi_op_sink_applied(&a), 1);
+    kvi_producer_submit(p, with_applied(op_store_orphan(ix, 0, 0, 1, 10, 4), &a, 8)); /* rejected: published too */
+    kvi_producer_flush(p);
+    assert_int_equal(kvi_op_sink_applied(&a), 8);
+    kvi_producer_submit(p, with_applied(op_simple(ix, KVI_OP_REMOVE_DP_RANK, 0, 0), &a, 0)); /* back to unset */
+    kvi_producer_flush(p);
+    assert_int_equal(kvi_op_sink_applied(&a), 0);
+    struct kvi_op_sink r;
+    kvi_op_sink_read(&a, &r);
+    assert_int_equal(r.applied1, 0);
+    kvi_op_sink_set_applied(&a, 42);
+    assert_int_equal(kvi_op_sink_applied(&a), 42);
+
+    /* the dump hook runs on the partition's writer, before its blocks, at the position of the blocks */
+    kvi_producer_submit(p, with_applied(op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, 6, false), &a, 43));
+    struct applied_probe pr = {.sink = &a};
+    kvi_producer_dump_partition_pre(p, ix, 0, probe_pre, probe_emit, &pr);
+    assert_true(pr.pre_ran);
+    assert_int_equal(pr.part, 0);
+    assert_int_equal(pr.seen, 43);
+    assert_int_equal(pr.blocks, 0);
+    assert_int_equal(pr.emitted, 6);
+    /* an empty partition still runs the hook; an out-of-range one does not */
+    struct applied_probe pr1 = {.sink = &a};
+    kvi_producer_dump_partition_pre(p, ix, 1, probe_pre, probe_emit, &pr1);
+    assert_true(pr1.pre_ran);
+    assert_int_equal(pr1.part, 1);
+    assert_int_equal(pr1.emitted, 0);
+    struct applied_probe pr2 = {.sink = &a};
+    kvi_producer_dump_partition_pre(p, ix, NW, probe_pre, probe_emit, &pr2);
+    assert_false(pr2.pre_ran);
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
 struct blocker {
     struct kvi_writer_pool *pool;
     uint32_t w;
@@ -1491,6 +1578,7 @@ int main(void)
         cmocka_unit_test(test_writer_stats),
         cmocka_unit_test(test_token_less_ops),
         cmocka_unit_test(test_op_sinks),
+        cmocka_unit_test(test_sink_applied_position),
         cmocka_unit_test(test_queued_while_writer_busy),
         cmocka_unit_test(test_sleep_and_wake),
         cmocka_unit_test(test_forget_index_then_destroy),

@@ -20,6 +20,8 @@
  *   - returns are 0, -EBADMSG (with a reason) or the callback's value;
  *     errors are sticky (a later feed or finish returns the same value);
  *     once a callback has stopped the decoding, no callback runs again;
+ *   - watermark entries (the kvidx extension) are the same, in order, however
+ *     the body is chunked, and never carry the sentinel seq ff x 8;
  *   - every record belongs to the namespace announced last, with its block
  *     size (> 0); op and tier are in range; only stored records carry a
  *     parent, position, seq hash or no_content;
@@ -59,6 +61,8 @@ struct run {
     long stop_rec_after; /* -1 = never */
     bool stop_second_ns;
     int stop_rec, stop_ns; /* the values the callbacks stop with */
+    size_t n_wm;           /* watermark entries, and a digest of them in order */
+    uint64_t wm_dig;
     bool stopped;          /* a callback has asked to stop */
 };
 
@@ -129,6 +133,23 @@ static int on_rec(void *ctx, const struct kvi_dump_rec *r)
     return 0;
 }
 
+static int on_wm(void *ctx, const struct kvi_dump_wm *w)
+{
+    struct run *u = ctx;
+    FZ_CHECK(!u->stopped);
+    FZ_CHECK(w->seq != UINT64_MAX); /* ff x 8 is never a batch */
+    FZ_CHECK(!w->worker_named || w->worker_name.len == 0 || w->worker_name.p != NULL);
+    FZ_CHECK((w->model.len == 0 || w->model.p != NULL) && (w->tenant.len == 0 || w->tenant.p != NULL));
+    uint64_t h = w->seq * 0x9e3779b97f4a7c15ull ^ w->dp_rank ^ (w->worker_named ? 0 : w->worker_id);
+    for (size_t i = 0; w->worker_named && i < w->worker_name.len; i++)
+        h = h * 131 + (uint8_t)w->worker_name.p[i];
+    for (size_t i = 0; i < w->model.len; i++)
+        h = h * 137 + (uint8_t)w->model.p[i];
+    u->wm_dig = u->wm_dig * 1000003u ^ h;
+    u->n_wm++;
+    return 0;
+}
+
 static void run_free(struct run *u)
 {
     for (size_t i = 0; i < u->n_recs; i++)
@@ -196,7 +217,7 @@ static size_t next_chunk(struct chunker *c, size_t off, size_t len)
 /* Decode @p body (chunked unless @p c is NULL) into @p u. @return the result. */
 static int decode(const uint8_t *body, size_t len, struct chunker *c, struct run *u)
 {
-    struct kvi_dump_dec_cb cb = {on_ns, on_rec, u};
+    struct kvi_dump_dec_cb cb = {on_ns, on_rec, u, on_wm};
     struct kvi_dump_dec *d = kvi_dump_dec_create(&cb);
     if (d == NULL)
         abort();
@@ -236,6 +257,8 @@ static void check_same_runs(const struct run *a, const struct run *b, bool rt)
     FZ_CHECK(a->n_recs == b->n_recs);
     for (size_t i = 0; i < a->n_recs; i++)
         FZ_CHECK(same_rec(&a->recs[i], &b->recs[i], rt));
+    if (!rt) /* the round trip re-encodes records only */
+        FZ_CHECK(a->n_wm == b->n_wm && a->wm_dig == b->wm_dig);
 }
 
 /* ---- round trip through the encoder ---------------------------------------------- */

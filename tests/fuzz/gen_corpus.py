@@ -335,7 +335,18 @@ def dump_seeds():
         "plain": {"events": [ev(3, "device", 0, 0, stored(None, 0, [blk(1, 2)]))],
                   "block_size": 4, "extra": [1, {"a": "]"}]},
     }
+    # the kvidx watermarks extension (after the events; one namespace has it before block_size)
+    wm = {
+        "m:t": {"block_size": 16, "events": [ev(1, "device", 0, 0, stored(None, 0, [blk(11, 22, 33)]))],
+                "watermarks": [{"worker_id": 1, "dp_rank": 0, "seq": 41},
+                               {"worker_id": "node-a", "dp_rank": 3, "seq": 2**64 - 2}]},
+        "w:default": {"watermarks": [{"worker_id": 2, "dp_rank": None, "seq": 0, "x": [1]}],
+                      "block_size": 4, "events": []},
+    }
     seeds = {}
+    seeds["watermarks"] = b"\x01" + js(wm)
+    seeds["watermarks_bad"] = b"\x00" + (b'{"m:t":{"block_size":16,"events":[],'
+                                         b'"watermarks":[{"worker_id":1,"seq":-1}]}}')
     body = js(full)
     for h in (0x00, 0x01, 0x02, 0x03, 0x14, 0x38):
         seeds["full_%02x" % h] = bytes([h]) + body

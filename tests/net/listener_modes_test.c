@@ -317,6 +317,96 @@ static void test_gate_drains_buffered(void **state)
     lfx_fini(&f);
 }
 
+/* The applied position kvi_listeners_applied reports for instance id rank 0 (-1: none). */
+struct applied_q {
+    uint64_t id;
+    int64_t seq;
+};
+
+static void applied_cb(void *ctx, const struct kvi_listener_applied *a)
+{
+    struct applied_q *q = ctx;
+    assert_int_equal(a->dp_rank, 0);
+    assert_null(a->instance_name);
+    if (a->instance_id == q->id)
+        q->seq = (int64_t)a->seq;
+}
+
+static int64_t applied_of(struct lfx *f, uint64_t id)
+{
+    int64_t inst = kvi_index_find_instance(f->ix, id, NULL);
+    assert_true(inst >= 0);
+    struct applied_q q = {id, -1}, other = {id, -1};
+    uint32_t part = kvi_index_partition_of(f->ix, (uint32_t)inst);
+    kvi_listeners_applied(f->lp, f->ix, part, applied_cb, &q);
+    kvi_listeners_applied(f->lp, f->ix, (part + 1) % NW, applied_cb, &other);
+    assert_int_equal(other.seq, -1); /* only the instance's own partition lists it */
+    return q.seq;
+}
+
+/*
+ * A seeded watermark W (recovered from a peer's dump): batches up to W count
+ * as applied. A gated listener seeded before the gate opens skips its
+ * buffered s <= W and applies from W + 1 (or replays from W + 1 when it
+ * joined later); a registration seeded in its spec replays from W + 1, not
+ * from 0. The applied position follows (seeded, then moved by the writers).
+ */
+static void test_seeded_watermarks(void **state)
+{
+    (void)state;
+    struct kvi_listeners_config cfg = {.gated = true};
+    struct lfx f;
+    lfx_init(&f, &cfg);
+    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
+    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
+    struct kvi_listener_key k1 = lfx_key(&f, 1, 0), k9 = lfx_key(&f, 9, 0);
+    assert_int_equal(applied_of(&f, 1), -1);
+    assert_int_equal(kvi_listeners_seed(f.lp, &k9, 2), -ENOENT);
+    assert_int_equal(kvi_listeners_seed(f.lp, &k1, 2), 0);
+    struct kvi_listener_info in = lfx_info(&f, 1);
+    assert_true(in.watermark_set);
+    assert_int_equal(in.watermark, 2);
+    assert_false(in.last_live_set);
+    assert_int_equal(applied_of(&f, 1), 2);
+    pub_chain(p, 0, 0, 6); /* seqs 0..5, buffered by the pending SUB (or replayed later) */
+    kvi_listeners_open_gate(f.lp);
+    lfx_sync(&f, p, 1);
+    uint64_t last = pub_chain(p, 0, 6, 7);
+    lfx_settle(&f, 1, last);
+    in = lfx_info(&f, 1);
+    assert_int_equal(in.ctr.batches, 4); /* seqs 3..6 only */
+    assert_int_equal(in.ctr.lost, 0);
+    assert_int_equal(in.ctr.replay_overruns, 0);
+    assert_int_equal(applied_of(&f, 1), (int64_t)last);
+    assert_int_equal(kvi_listeners_seed(f.lp, &k1, 1), -EBUSY); /* it has drained */
+
+    /* seeded at registration (the gate is open: active at once) */
+    struct kvidx_pub *p2 = lfx_pub(NULL, true, NULL);
+    pub_chain(p2, 1, 0, 5); /* seqs 0..4, before the registration: only in the replay ring */
+    struct kvi_listener_spec s2 = {
+        .ix = f.ix,
+        .instance_id = 2,
+        .endpoint = kvidx_pub_endpoint(p2),
+        .replay_endpoint = kvidx_pub_replay_endpoint(p2),
+        .seed_watermark = true,
+        .watermark = 2,
+    };
+    assert_int_equal(kvi_listeners_register(f.lp, &s2), 0);
+    assert_int_equal(applied_of(&f, 2), 2);
+    lfx_sync(&f, p2, 2);
+    last = pub_chain(p2, 1, 5, 6); /* seq 5: a gap after W = 2 */
+    lfx_settle(&f, 2, last);
+    in = lfx_info(&f, 2);
+    assert_int_equal(in.ctr.replays, 1);
+    assert_int_equal(in.ctr.replayed, 2); /* 3 and 4, not 0..4 */
+    assert_int_equal(in.ctr.batches, 3);
+    assert_int_equal(in.ctr.lost, 0);
+    assert_int_equal(applied_of(&f, 2), (int64_t)last);
+    kvidx_pub_destroy(p);
+    kvidx_pub_destroy(p2);
+    lfx_fini(&f);
+}
+
 int main(void)
 {
     kvi_rcu_register_thread();
@@ -327,6 +417,7 @@ int main(void)
         cmocka_unit_test(test_unregister_then_register_fresh),
         cmocka_unit_test(test_errors_and_gate),
         cmocka_unit_test(test_gate_drains_buffered),
+        cmocka_unit_test(test_seeded_watermarks),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     kvi_rcu_unregister_thread();

@@ -255,9 +255,58 @@ static void test_random_against_model(void **state)
     }
 }
 
+/* A seeded W (a watermark recovered from a peer's dump): L unset, the §6.3 rows with W set. */
+static void test_seeded(void **state)
+{
+    (void)state;
+    struct kvi_wm wm = {0};
+    kvi_wm_seed(&wm, 10);
+    assert_true(wm.w_set);
+    assert_false(wm.l_set);
+    assert_int_equal(kvi_wm_next(&wm), 11);
+    /* s <= W: stale (covered by the dump), never a restart since L is unset */
+    struct kvi_wm_verdict v = feed(&wm, 4, true, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_STALE);
+    assert_false(v.restart);
+    v = feed(&wm, 10, true, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_STALE);
+    assert_false(v.restart);
+    /* s = W + 1: applied */
+    v = feed(&wm, 11, true, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_APPLY);
+    apply_if(&wm, v, 11);
+    assert_int_equal(kvi_wm_next(&wm), 12);
+
+    /* s > W + 1: replay from W + 1 (not from 0) */
+    kvi_wm_reset(&wm);
+    kvi_wm_seed(&wm, 10);
+    v = feed(&wm, 15, true, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_REPLAY);
+    assert_int_equal(v.from, 11);
+    assert_int_equal(v.lost, 4);
+    assert_false(v.restart);
+    /* without replay: a counted loss of W + 1 .. s - 1 (the clear policy clears: W is set) */
+    kvi_wm_reset(&wm);
+    kvi_wm_seed(&wm, 10);
+    v = feed(&wm, 15, false, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_LOSS);
+    assert_int_equal(v.lost, 4);
+    kvi_wm_reset(&wm);
+    kvi_wm_seed(&wm, 10);
+    v = feed(&wm, 15, false, KVI_GAP_CLEAR);
+    assert_int_equal(v.act, KVI_WM_LOSS_CLEAR);
+    /* seeding keeps L: a later restart is still detected */
+    kvi_wm_seed(&wm, 20);
+    v = feed(&wm, 3, true, KVI_GAP_APPLY);
+    assert_true(v.restart);
+    assert_int_equal(v.act, KVI_WM_REPLAY);
+    assert_int_equal(v.from, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seeded),
         cmocka_unit_test(test_fresh_publisher_from_zero),
         cmocka_unit_test(test_joined_mid_stream),
         cmocka_unit_test(test_cursor_expectations),
