@@ -108,6 +108,16 @@ void kvi_dump_enc_ns_begin(struct kvi_dump_enc *enc, struct kvi_str model, struc
 
 #define LIT(b, s) kvi_buf_put((b), (s), sizeof(s) - 1)
 
+/* `{"worker_id":` and the worker's name (a string) or id (an integer). */
+static void put_worker_open(struct kvi_buf *o, const struct kvi_dump_worker *w)
+{
+    LIT(o, "{\"worker_id\":");
+    if (w->name != NULL)
+        kvi_json_put_str(o, w->name, strlen(w->name));
+    else
+        kvi_buf_put_u64(o, w->id);
+}
+
 void kvi_dump_enc_block(struct kvi_dump_enc *enc, const struct kvi_dump_block *b,
                         const struct kvi_dump_worker *w)
 {
@@ -116,11 +126,7 @@ void kvi_dump_enc_block(struct kvi_dump_enc *enc, const struct kvi_dump_block *b
         return;
     if (enc->events > 0)
         kvi_buf_putc(o, ',');
-    LIT(o, "{\"worker_id\":");
-    if (w->name != NULL)
-        kvi_json_put_str(o, w->name, strlen(w->name));
-    else
-        kvi_buf_put_u64(o, w->id);
+    put_worker_open(o, w);
     LIT(o, ",\"storage_tier\":\"");
     kvi_buf_puts(o, kvi_dump_tier_name(b->tier));
     LIT(o, "\",\"event\":{\"event_id\":");
@@ -174,11 +180,7 @@ void kvi_dump_enc_watermark(struct kvi_dump_enc *enc, const struct kvi_dump_work
         return;
     if (o->len > 0)
         kvi_buf_putc(o, ',');
-    LIT(o, "{\"worker_id\":");
-    if (w->name != NULL)
-        kvi_json_put_str(o, w->name, strlen(w->name));
-    else
-        kvi_buf_put_u64(o, w->id);
+    put_worker_open(o, w);
     LIT(o, ",\"dp_rank\":");
     kvi_buf_put_u64(o, dp_rank);
     LIT(o, ",\"seq\":");
