@@ -512,24 +512,13 @@ static int parse_str_field(struct kvi_pctx *c, const struct kvi_field *f, struct
     return 0;
 }
 
-/* A bin of little-endian @p width-byte values, copied out as u32/u64. */
-static int parse_bin_array(struct kvi_pctx *c, const struct kvi_field *f, int width, void **out,
-                           size_t *n)
+int kvi_bin__le_words(struct kvi_scratch *s, const uint8_t *p, size_t len, int width, void **out, size_t *n)
 {
-    const uint8_t *p;
-    size_t len;
-    if (kvi_rd_bin(&c->rd, &p, &len) != 0)
-        return body_err(c);
-    if (len % (size_t)width != 0) {
-        if (c->d == KVI_DIALECT_DYNAMO)
-            return dyn_data_err(c, kvi_rd_offset(&c->rd), f->name,
-                                "invalid length %zu, expected a multiple of %d bytes", len, width);
-        return cond_err(c, "invalid_value", f->name, -1,
-                        "%s bin length must be a multiple of %d bytes", f->name, width);
-    }
-    void *a = kvi_scratch_alloc(c->rd._scratch, len);
+    if (len % (size_t)width != 0)
+        return -EINVAL;
+    void *a = kvi_scratch_alloc(s, len);
     if (a == NULL)
-        return no_memory(c);
+        return -ENOMEM;
     *n = len / (size_t)width;
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (len > 0)
@@ -551,6 +540,27 @@ static int parse_bin_array(struct kvi_pctx *c, const struct kvi_field *f, int wi
     }
 #endif
     *out = a;
+    return 0;
+}
+
+/* A bin of little-endian @p width-byte values, copied out as u32/u64. */
+static int parse_bin_array(struct kvi_pctx *c, const struct kvi_field *f, int width, void **out,
+                           size_t *n)
+{
+    const uint8_t *p;
+    size_t len;
+    if (kvi_rd_bin(&c->rd, &p, &len) != 0)
+        return body_err(c);
+    int r = kvi_bin__le_words(c->rd._scratch, p, len, width, out, n);
+    if (r == -ENOMEM)
+        return no_memory(c);
+    if (r != 0) {
+        if (c->d == KVI_DIALECT_DYNAMO)
+            return dyn_data_err(c, kvi_rd_offset(&c->rd), f->name,
+                                "invalid length %zu, expected a multiple of %d bytes", len, width);
+        return cond_err(c, "invalid_value", f->name, -1,
+                        "%s bin length must be a multiple of %d bytes", f->name, width);
+    }
     return 0;
 }
 

@@ -251,6 +251,13 @@ int kvi_err__set(struct kvi_api_err *e, int status, const char *reason, const ch
 /** Body-level failure of a reader as an error for @p dialect. @return rd->err. */
 int kvi_err__from_rd(struct kvi_api_err *e, enum kvi_dialect dialect, struct kvi_rd *rd);
 
+/**
+ * A msgpack bin of little-endian @p width-byte words (4 or 8) copied into
+ * @p s as host u32 / u64 values (*out, *n). @return 0, -EINVAL when @p len is
+ * not a multiple of @p width (nothing allocated), or -ENOMEM.
+ */
+int kvi_bin__le_words(struct kvi_scratch *s, const uint8_t *p, size_t len, int width, void **out, size_t *n);
+
 /** Bit of a field in a parser's "seen" set (duplicate and missing checks). */
 #define KVI_BIT(i) (1ull << (i))
 

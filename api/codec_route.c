@@ -8,7 +8,6 @@
  */
 #include "api/codec_route.h"
 
-#include <endian.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -184,30 +183,33 @@ static int elem_err(struct pctx *c, const char *field, const struct kvi_elem_err
                     (unsigned long long)e->num.mag, expected);
 }
 
+/* A bin of little-endian @p width-byte words (kvi_bin__le_words). */
+static int read_bin(struct pctx *c, struct kvi_scratch *s, const char *f, int width, void **out, size_t *n)
+{
+    const uint8_t *p;
+    size_t len;
+    size_t off = kvi_rd_offset(&c->rd);
+    int r = kvi_rd_bin(&c->rd, &p, &len);
+    if (r != 0)
+        return check(c, r, f, "a sequence");
+    r = kvi_bin__le_words(s, p, len, width, out, n);
+    if (r == -ENOMEM)
+        return kvi_err__set(c->err, 500, NULL, NULL, -1, "out of memory while parsing the request body");
+    if (r != 0)
+        return data_err(c, off, f, "invalid length %zu, expected a multiple of %d bytes", len, width);
+    return 0;
+}
+
 /* token_ids: an array of u32, or (msgpack) a bin of little-endian u32. */
 static int read_tokens(struct pctx *c, struct kvi_scratch *s, struct kvi_route_req *out)
 {
     const char *f = key_names[B_TOKENS];
     if (kvi_rd_peek(&c->rd) == KVI_VT_BIN) {
-        const uint8_t *p;
-        size_t len;
-        size_t off = kvi_rd_offset(&c->rd);
-        int r = kvi_rd_bin(&c->rd, &p, &len);
-        if (r != 0)
-            return check(c, r, f, "a sequence");
-        if (len % 4 != 0)
-            return data_err(c, off, f, "invalid length %zu, expected a multiple of 4 bytes", len);
-        uint32_t *t = kvi_scratch_alloc(s, len ? len : 4);
-        if (t == NULL)
-            return kvi_err__set(c->err, 500, NULL, NULL, -1, "out of memory while parsing the request body");
-        for (size_t i = 0; i < len / 4; i++) {
-            uint32_t v;
-            memcpy(&v, p + 4 * i, 4);
-            t[i] = le32toh(v);
-        }
-        out->token_ids = t;
-        out->n_tokens = len / 4;
-        return 0;
+        void *w;
+        int r = read_bin(c, s, f, 4, &w, &out->n_tokens);
+        if (r == 0)
+            out->token_ids = w;
+        return r;
     }
     uint32_t *t;
     size_t n;
@@ -226,25 +228,11 @@ static int read_tokens(struct pctx *c, struct kvi_scratch *s, struct kvi_route_r
 static int read_hashes(struct pctx *c, struct kvi_scratch *s, const char *f, struct kvi_route_req *out)
 {
     if (kvi_rd_peek(&c->rd) == KVI_VT_BIN) {
-        const uint8_t *p;
-        size_t len;
-        size_t off = kvi_rd_offset(&c->rd);
-        int r = kvi_rd_bin(&c->rd, &p, &len);
-        if (r != 0)
-            return check(c, r, f, "a sequence");
-        if (len % 8 != 0)
-            return data_err(c, off, f, "invalid length %zu, expected a multiple of 8 bytes", len);
-        uint64_t *h = kvi_scratch_alloc(s, len ? len : 8);
-        if (h == NULL)
-            return kvi_err__set(c->err, 500, NULL, NULL, -1, "out of memory while parsing the request body");
-        for (size_t i = 0; i < len / 8; i++) {
-            uint64_t v;
-            memcpy(&v, p + 8 * i, 8);
-            h[i] = le64toh(v);
-        }
-        out->hashes = h;
-        out->n_hashes = len / 8;
-        return 0;
+        void *w;
+        int r = read_bin(c, s, f, 8, &w, &out->n_hashes);
+        if (r == 0)
+            out->hashes = w;
+        return r;
     }
     uint64_t *h;
     size_t n;
