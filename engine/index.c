@@ -109,14 +109,25 @@ static void scratch_trim(struct kvi_part *p)
     }
 }
 
-void kvi_index_reclaim(struct kvi_index *ix, uint32_t part)
+bool kvi_index_reclaim_begin(struct kvi_index *ix, uint32_t part)
 {
     struct kvi_part *p = &ix->parts[part];
     scratch_trim(p);
     stab_maybe_build(ix, p); /* writers reclaim when idle: a wanted seq table comes soon */
-    if (p->n_retired == 0 && p->n_pending == 0 && p->n_pending_slots == 0)
+    return p->n_retired != 0 || p->n_pending != 0 || p->n_pending_slots != 0;
+}
+
+void kvi_index_reclaim(struct kvi_index *ix, uint32_t part)
+{
+    if (!kvi_index_reclaim_begin(ix, part))
         return;
     kvi_rcu_synchronize();
+    kvi_index_reclaim_end(ix, part);
+}
+
+void kvi_index_reclaim_end(struct kvi_index *ix, uint32_t part)
+{
+    struct kvi_part *p = &ix->parts[part];
     for (uint32_t i = 0; i < p->n_retired; i++) {
         if (p->retired[i].unmap != 0)
             munmap(p->retired[i].p, p->retired[i].unmap);

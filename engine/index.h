@@ -342,6 +342,16 @@ int kvi_index_reserve_slot(struct kvi_index *ix, uint32_t instance, uint32_t dp_
 void kvi_index_reclaim(struct kvi_index *ix, uint32_t part);
 
 /**
+ * kvi_index_reclaim in two halves, so that a writer reclaiming several
+ * indexes waits for one grace period for all of them: begin trims scratch
+ * and returns true when memory waits for a grace period; after one
+ * kvi_rcu_synchronize() (no mutation of the partition in between), end
+ * frees it. Writer of the partition only, outside read sections.
+ */
+bool kvi_index_reclaim_begin(struct kvi_index *ix, uint32_t part);
+void kvi_index_reclaim_end(struct kvi_index *ix, uint32_t part);
+
+/**
  * Emit every block held in partition @p part, per (instance, dp_rank) in
  * position order (parents before children, across tiers), so that replaying the
  * blocks as single-block stores rebuilds an identical index.

@@ -148,6 +148,8 @@ struct kvi_writer_stats {
     uint64_t sleeps;                    /* times the writer went to sleep */
     uint64_t stalls;                    /* submits that found the ring full */
     uint64_t busy_ns;                   /* time spent applying ops */
+    uint64_t idle_reclaims;             /* idle reclaims that waited for a grace period
+                                         * (at most one per millisecond) */
 };
 
 /**

@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -1521,6 +1522,58 @@ static void test_forget_index_while_busy(void **state)
     kvi_index_destroy(other);
 }
 
+/* An idle writer frees retired memory at most once per millisecond, however
+ * often it goes idle with something to free (each grace period costs every
+ * core running a reader an IPI), and still frees it when it goes to sleep. */
+static void test_idle_reclaim_rate_limited(void **state)
+{
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(1, 64);
+    assert_non_null(pool);
+    struct kvi_producer *p = kvi_producer_create(pool);
+    assert_non_null(p);
+    struct kvi_index *ix = index_new(1, 1);
+    struct kvi_writer_stats st;
+    kvi_writer_stats(pool, 0, &st);
+    uint64_t r0 = st.idle_reclaims, t0 = kvi_now_ns(), rounds = 0;
+    /* each round leaves freed entries waiting, then lets the writer go idle */
+    while (kvi_now_ns() - t0 < 200000000ull) {
+        kvi_producer_submit(p, op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, CHAIN_LEN, false));
+        kvi_producer_submit(p, op_remove1(ix, 0, 0, 0, 0));
+        kvi_producer_flush(p);
+        usleep(50);
+        rounds++;
+    }
+    kvi_writer_stats(pool, 0, &st);
+    uint64_t ms = (kvi_now_ns() - t0) / 1000000u + 1, n = st.idle_reclaims - r0;
+    print_message("%" PRIu64 " idle rounds in %" PRIu64 " ms: %" PRIu64 " grace periods\n", rounds, ms, n);
+    assert_true(n >= 1);
+    assert_true(n <= ms + 2);
+    /* memory freed just before the writer goes to sleep is still reclaimed:
+     * once nothing is pending (no grace period for 20 ms), one more round
+     * must be followed by a grace period with no further op */
+    uint64_t last = st.idle_reclaims, quiet_since = kvi_now_ns(), deadline = quiet_since + 5000000000ull;
+    while (kvi_now_ns() - quiet_since < 20000000ull && kvi_now_ns() < deadline) {
+        usleep(1000);
+        kvi_writer_stats(pool, 0, &st);
+        if (st.idle_reclaims != last) {
+            last = st.idle_reclaims;
+            quiet_since = kvi_now_ns();
+        }
+    }
+    kvi_producer_submit(p, op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, CHAIN_LEN, false));
+    kvi_producer_submit(p, op_remove1(ix, 0, 0, 0, 0));
+    kvi_producer_flush(p);
+    do {
+        usleep(200);
+        kvi_writer_stats(pool, 0, &st);
+    } while (st.idle_reclaims == last && kvi_now_ns() < deadline);
+    assert_true(st.idle_reclaims > last);
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
 /* Ops submitted without a flush are applied before kvi_producer_destroy
  * returns, and the pool shuts down cleanly after it. */
 static void test_pool_destroy_drains(void **state)
@@ -1584,6 +1637,7 @@ int main(void)
         cmocka_unit_test(test_forget_index_then_destroy),
         cmocka_unit_test(test_forget_index_while_busy),
         cmocka_unit_test(test_pool_destroy_drains),
+        cmocka_unit_test(test_idle_reclaim_rate_limited),
     };
     int r = cmocka_run_group_tests(tests, NULL, NULL);
     kvi_rcu_unregister_thread();
