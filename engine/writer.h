@@ -10,13 +10,15 @@
  * must have n_parts == the pool's writer count.
  *
  * Backpressure: kvi_producer_submit never drops an op; when the target ring
- * is full it wakes the writer and waits (spinning, then yielding) until there
- * is room, counting the stall.
+ * is full it wakes the writer and waits (spinning briefly, then sleeping on a
+ * futex until the writer has emptied half the ring, 1 ms at most per sleep),
+ * counting the stall.
  *
  * Writers poll their empty rings for 20 us, then sleep on a futex; producers wake a writer
  * only when they see it asleep. Each writer binds itself to its own jemalloc
  * arena, so all index memory of its partitions lives there, and reclaims
- * retired memory (after an RCU grace period) whenever it goes idle.
+ * retired memory (after one RCU grace period for all its indexes) when it
+ * goes idle, at most once per millisecond.
  *
  *   | call                       | thread                                   |
  *   |----------------------------|------------------------------------------|

@@ -1574,6 +1574,63 @@ static void test_idle_reclaim_rate_limited(void **state)
     kvi_index_destroy(ix);
 }
 
+struct stall_producer {
+    struct kvi_writer_pool *pool;
+    struct kvi_index *ix;
+    uint32_t n;
+    uint64_t cpu_ns; /* the producer thread's CPU time while submitting */
+};
+
+static void *stall_producer_main(void *arg)
+{
+    struct stall_producer *sp = arg;
+    struct kvi_producer *p = kvi_producer_create(sp->pool);
+    if (p == NULL)
+        abort();
+    struct timespec a, b;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    for (uint32_t i = 0; i < sp->n; i++)
+        kvi_producer_submit(p, op_simple(sp->ix, KVI_OP_CLEAR, 0, 0));
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    sp->cpu_ns = (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u + (uint64_t)b.tv_nsec - (uint64_t)a.tv_nsec;
+    kvi_producer_flush(p);
+    kvi_producer_forget_index(p, sp->ix);
+    kvi_producer_destroy(p);
+    return NULL;
+}
+
+/* A producer facing a full ring sleeps until the writer has made room,
+ * instead of spinning: while the writer is held for 300 ms it uses a small
+ * part of that time in CPU, and every op is applied once the writer runs. */
+static void test_full_ring_producer_sleeps(void **state)
+{
+    enum { HOLD_MS = 300, OPS = 200 };
+    struct kvi_writer_pool *pool = kvi_writer_pool_create(1, 16);
+    assert_non_null(pool);
+    struct kvi_index *ix = index_new(1, 1);
+    struct blocker b = {.pool = pool, .w = 0};
+    pthread_t tb, tp;
+    assert_int_equal(pthread_create(&tb, NULL, blocker_main, &b), 0);
+    while (!atomic_load(&b.started))
+        usleep(100);
+    struct stall_producer sp = {.pool = pool, .ix = ix, .n = OPS};
+    assert_int_equal(pthread_create(&tp, NULL, stall_producer_main, &sp), 0);
+    usleep(HOLD_MS * 1000);
+    struct kvi_writer_stats st;
+    kvi_writer_stats(pool, 0, &st);
+    assert_true(st.stalls >= 1);
+    assert_true(st.queued < OPS); /* the producer is stuck on the full ring */
+    atomic_store(&b.release, 1);
+    assert_int_equal(pthread_join(tp, NULL), 0);
+    assert_int_equal(pthread_join(tb, NULL), 0);
+    kvi_writer_stats(pool, 0, &st);
+    assert_int_equal(st.ops, OPS + 2); /* the clears, the blocking call and forget_index's */
+    print_message("producer CPU while blocked %" PRIu64 " us of %d ms\n", sp.cpu_ns / 1000, HOLD_MS);
+    assert_true(sp.cpu_ns < HOLD_MS * 1000000ull / 4);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
 /* Ops submitted without a flush are applied before kvi_producer_destroy
  * returns, and the pool shuts down cleanly after it. */
 static void test_pool_destroy_drains(void **state)
@@ -1638,6 +1695,7 @@ int main(void)
         cmocka_unit_test(test_forget_index_while_busy),
         cmocka_unit_test(test_pool_destroy_drains),
         cmocka_unit_test(test_idle_reclaim_rate_limited),
+        cmocka_unit_test(test_full_ring_producer_sleeps),
     };
     int r = cmocka_run_group_tests(tests, NULL, NULL);
     kvi_rcu_unregister_thread();
