@@ -47,6 +47,7 @@ struct trace_opts {
     uint32_t readers, writers, ring_capacity, jump;
     enum { LANE_WAIT_AUTO, LANE_WAIT_SPIN, LANE_WAIT_SLEEP } lane_wait;
     bool lane_spin; /* resolved lane_wait */
+    bool serial;    /* --serial: one thread applies and queries (kvi_trace_serial) */
     char backends[256];
     double window_ms;
     double sweep_min_ms, sweep_max_ms;
@@ -144,6 +145,9 @@ static void usage(FILE *f)
             "                          auto = spin in process when lanes + writers fit the\n"
             "                          online CPUs, else sleep (end to end: always sleep)\n"
             "  --max-overrun X         lanes give up at X times the window (3)\n"
+            "  --serial                no window: one thread applies every event and runs every\n"
+            "                          query in timeline order, each query timed twice (first\n"
+            "                          call, then warm): the index's own service time\n"
             "  --window-ms MS          one run per backend at this window (no sweep)\n"
             "  --sweep-min-ms MS       shortest window = highest load (62.5)\n"
             "  --sweep-max-ms MS       longest window = lowest load (4000)\n"
@@ -236,7 +240,7 @@ enum {
     O_TRACE = 256, O_SYNTH_REQ, O_WORKERS, O_WORKER_DUP, O_TRACE_DUP, O_LENGTH, O_BLOCK, O_GPU, O_SIM, O_SPEEDUP,
     O_PREFILL, O_DECODE, O_DISTINCT, O_SEED, O_BACKENDS, O_READERS, O_WRITERS, O_RING, O_JUMP, O_OVERRUN,
     O_WINDOW, O_SMIN, O_SMAX, O_STEPS, O_STOP, O_OUT, O_NOPLOT, O_NOPROG, O_E2E, O_E2E_SPAWN, O_E2E_QUERY,
-    O_LANE_WAIT,
+    O_LANE_WAIT, O_SERIAL,
 };
 
 /* @return 0 to run, 1 after --help, 2 on a usage error */
@@ -289,6 +293,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
         {"e2e-spawn", required_argument, NULL, O_E2E_SPAWN},
         {"e2e-query", required_argument, NULL, O_E2E_QUERY},
         {"lane-wait", required_argument, NULL, O_LANE_WAIT}, /* opts[c - O_TRACE]: enum order */
+        {"serial", no_argument, NULL, O_SERIAL},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -317,6 +322,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
         case O_WRITERS: ok = parse_u32(optarg, &o->writers, 1) && o->writers <= 64; break;
         case O_RING: ok = parse_u32(optarg, &o->ring_capacity, 2); break;
         case O_JUMP: ok = parse_u32(optarg, &o->jump, 0); break;
+        case O_SERIAL: o->serial = true; break;
         case O_LANE_WAIT:
             ok = !strcmp(optarg, "auto") || !strcmp(optarg, "spin") || !strcmp(optarg, "sleep");
             o->lane_wait = !strcmp(optarg, "spin")    ? LANE_WAIT_SPIN
@@ -717,6 +723,46 @@ static int pick_backends(const char *list, struct series *s, size_t *n)
     return *n ? 0 : -EINVAL;
 }
 
+/* --serial: every backend once, then one JSON line for kvidx. */
+static int run_serial(const struct kvi_trace *t, const struct kvi_trace_workload *w, const struct trace_opts *o,
+                      const struct series *s, size_t ns)
+{
+    printf("serial: one thread applies every event and runs every query in timeline order; each query is timed\n"
+           "twice in a row (first: as the timeline leaves the caches; again: warm)\n\n");
+    printf("%-10s %8s %9s %9s %9s %9s %9s %9s %9s %12s\n", "backend", "queries", "1st p50", "1st p99", "1st p999",
+           "1st max", "again p50", "again p99", "again max", "apply ns/blk");
+    struct kvi_trace_serial_result kv = {0};
+    bool have_kv = false;
+    for (size_t i = 0; i < ns; i++) {
+        struct kvi_trace_serial_result r;
+        int rc = kvi_trace_serial(w, s[i].be, o->jump, o->wl.seed, &r);
+        if (rc < 0) {
+            fprintf(stderr, "trace: --serial: %s\n", strerror(-rc));
+            return rc;
+        }
+        printf("%-10s %8llu %7.2f us %6.2f us %6.2f us %6.1f us %6.2f us %6.2f us %6.1f us %12.1f\n", r.backend,
+               (unsigned long long)r.queries, r.first_p50_ns / 1e3, r.first_p99_ns / 1e3, r.first_p999_ns / 1e3,
+               r.first_max_ns / 1e3, r.again_p50_ns / 1e3, r.again_p99_ns / 1e3, r.again_max_ns / 1e3,
+               r.apply_ns_per_block);
+        if (r.rejected)
+            printf("%-10s   warning: %llu stores rejected (parent unknown)\n", "", (unsigned long long)r.rejected);
+        if (!strcmp(r.backend, "kvidx")) {
+            kv = r;
+            have_kv = true;
+        }
+    }
+    if (!have_kv)
+        printf("(no kvidx run: the summary line below is empty)\n");
+    printf("{\"bench\":\"trace\",\"mode\":\"serial\",\"trace\":");
+    json_str(stdout, t->name);
+    printf(",\"workers\":%u,\"queries\":%llu,\"find_first_p50_ns\":%llu,\"find_first_p99_ns\":%llu,"
+           "\"find_again_p50_ns\":%llu,\"find_again_p99_ns\":%llu,\"apply_ns_per_block\":%.1f}\n",
+           w->n_workers_total, (unsigned long long)kv.queries, (unsigned long long)kv.first_p50_ns,
+           (unsigned long long)kv.first_p99_ns, (unsigned long long)kv.again_p50_ns,
+           (unsigned long long)kv.again_p99_ns, kv.apply_ns_per_block);
+    return 0;
+}
+
 int kvi_bench_trace(int argc, char **argv)
 {
     struct trace_opts o;
@@ -730,6 +776,11 @@ int kvi_bench_trace(int argc, char **argv)
         return 2;
     }
     bool e2e = o.e2e_url[0] || o.e2e_spawn[0];
+    if (e2e && o.serial) {
+        fprintf(stderr, "trace: --serial runs in process only\n");
+        free(s);
+        return 2;
+    }
     if (e2e && o.lane_wait == LANE_WAIT_SPIN) {
         fprintf(stderr, "trace: --lane-wait spin is for the in-process replay (end to end, lanes sleep)\n");
         free(s);
@@ -779,6 +830,14 @@ int kvi_bench_trace(int argc, char **argv)
         return 2;
     }
     print_workload(&w);
+    if (o.serial) {
+        rc = run_serial(&base, &w, &o, s, ns);
+        kvi_trace_workload_free(&w);
+        kvi_trace_free(&x);
+        kvi_trace_free(&base);
+        free(s);
+        return rc == 0 ? 0 : 1;
+    }
     if (o.e2e)
         printf("replay: end to end through kvidxd at %s: %u lane(s), one h2c connection each, %s; one C publisher "
                "per worker over ZMQ; find latency = the query's HTTP/2 round trip\n",

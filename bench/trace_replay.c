@@ -703,3 +703,86 @@ int kvi_trace_run(const struct kvi_trace_workload *w, const struct kvi_trace_bac
     free(lanes);
     return 0;
 }
+
+/* ---- serial replay ---------------------------------------------------------- */
+
+struct serial_arg {
+    const struct kvi_trace_workload *w;
+    const struct kvi_trace_backend *be;
+    uint32_t jump;
+    uint64_t key_seed;
+    struct kvi_trace_serial_result *res;
+};
+
+/* On a thread of its own: the caller may be an RCU reader already. */
+static void *serial_main(void *arg)
+{
+    const struct serial_arg *a = arg;
+    const struct kvi_trace_workload *w = a->w;
+    const struct kvi_trace_backend *be = a->be;
+    struct kvi_trace_serial_result *res = a->res;
+    uint32_t jump = a->jump;
+    uint64_t key_seed = a->key_seed;
+    memset(res, 0, sizeof *res);
+    snprintf(res->backend, sizeof res->backend, "%s", be->name);
+    struct kvi_trace_be *b = kvi_trace_be_create(be, w->n_workers_total, 1, w->cfg.block_size, jump, key_seed);
+    if (be->rcu)
+        kvi_rcu_register_thread();
+    struct lane_scratch s;
+    scratch_init(&s, w->n_workers_total);
+    struct kvi_hist *first = kvi_xmalloc(sizeof *first), *again = kvi_xmalloc(sizeof *again);
+    kvi_hist_reset(first);
+    kvi_hist_reset(again);
+    uint64_t apply_ns = 0;
+    for (size_t i = 0; i < w->n; i++) {
+        const struct kvi_trace_entry *e = &w->e[i];
+        if (e->kind != KVI_TRACE_QUERY) {
+            uint64_t t0 = kvi_now_ns();
+            (void)kvi_trace_be_apply(b, e);
+            apply_ns += kvi_now_ns() - t0;
+            res->events++;
+            res->event_blocks += e->n;
+            continue;
+        }
+        uint64_t t0 = kvi_now_ns();
+        size_t k = be->find(b->ix, &s, e->content, e->n);
+        uint64_t t1 = kvi_now_ns();
+        (void)be->find(b->ix, &s, e->content, e->n);
+        uint64_t t2 = kvi_now_ns();
+        kvi_hist_record(first, t1 - t0);
+        kvi_hist_record(again, t2 - t1);
+        res->queries++;
+        res->hit_queries += k > 0;
+    }
+    res->first_p50_ns = kvi_hist_percentile(first, 50);
+    res->first_p99_ns = kvi_hist_percentile(first, 99);
+    res->first_p999_ns = kvi_hist_percentile(first, 99.9);
+    res->first_max_ns = first->count ? first->max : 0;
+    res->first_mean_ns = kvi_hist_mean(first);
+    res->again_p50_ns = kvi_hist_percentile(again, 50);
+    res->again_p99_ns = kvi_hist_percentile(again, 99);
+    res->again_p999_ns = kvi_hist_percentile(again, 99.9);
+    res->again_max_ns = again->count ? again->max : 0;
+    res->again_mean_ns = kvi_hist_mean(again);
+    res->apply_ns_per_block = res->event_blocks ? (double)apply_ns / (double)res->event_blocks : 0;
+    res->rejected = kvi_trace_be_rejected(b);
+    free(first);
+    free(again);
+    scratch_free(&s);
+    if (be->rcu)
+        kvi_rcu_unregister_thread();
+    kvi_trace_be_destroy(b);
+    return NULL;
+}
+
+int kvi_trace_serial(const struct kvi_trace_workload *w, const struct kvi_trace_backend *be, uint32_t jump,
+                     uint64_t key_seed, struct kvi_trace_serial_result *res)
+{
+    struct serial_arg a = {w, be, jump, key_seed, res};
+    pthread_t t;
+    int rc = pthread_create(&t, NULL, serial_main, &a);
+    if (rc != 0)
+        return -rc;
+    pthread_join(t, NULL);
+    return 0;
+}

@@ -153,4 +153,30 @@ void kvi_trace_result_derive(const struct kvi_trace_workload *w, const struct kv
 int kvi_trace_run(const struct kvi_trace_workload *w, const struct kvi_trace_backend *be,
                   const struct kvi_trace_run_cfg *cfg, struct kvi_trace_run_result *res);
 
+/* The serial replay's figures (kvi_trace_serial). */
+struct kvi_trace_serial_result {
+    char backend[32];
+    uint64_t queries, hit_queries;
+    /* find as the timeline leaves the caches (first call), and the same query
+     * again at once (warm: the floor of the index's own work) */
+    uint64_t first_p50_ns, first_p99_ns, first_p999_ns, first_max_ns;
+    uint64_t again_p50_ns, again_p99_ns, again_p999_ns, again_max_ns;
+    double first_mean_ns, again_mean_ns;
+    uint64_t events, event_blocks; /* stored + removed hashes */
+    double apply_ns_per_block;     /* the events' apply time per hash */
+    uint64_t rejected;
+};
+
+/**
+ * Serial replay: one thread applies every event of @p w and runs every
+ * query, in timeline order, on a fresh instance of @p be (one partition, no
+ * writer threads, no window). Each query is timed twice in a row. It gives
+ * the index's own service time without another core writing, sleeping lanes
+ * or a clock to keep, so the in-process replay's latencies can be read
+ * against it. Runs on a thread of its own.
+ * @return 0, or a negative errno (thread creation).
+ */
+int kvi_trace_serial(const struct kvi_trace_workload *w, const struct kvi_trace_backend *be, uint32_t jump,
+                     uint64_t key_seed, struct kvi_trace_serial_result *res);
+
 #endif

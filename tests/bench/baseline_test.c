@@ -321,6 +321,20 @@ static void test_replay(void **state)
         assert_true(r.keep_up == (r.elapsed_ms <= 1.10 * 300));
     }
     fx_free(ref);
+    /* the serial replay runs every entry once, on one thread */
+    for (int i = 0; i < NB; i++) {
+        struct kvi_trace_serial_result sr;
+        assert_int_equal(kvi_trace_serial(&w, kvi_trace_backend_by_name(names[i]), 0, 7, &sr), 0);
+        assert_string_equal(sr.backend, names[i]);
+        assert_int_equal(sr.queries, w.st.queries);
+        assert_int_equal(sr.events, w.st.stores + w.st.removes);
+        assert_int_equal(sr.event_blocks, w.st.stored_blocks + w.st.removed_blocks);
+        assert_int_equal(sr.rejected, 0);
+        assert_true(sr.hit_queries > 0 && sr.hit_queries <= sr.queries);
+        assert_true(sr.first_p50_ns > 0 && sr.first_p50_ns <= sr.first_p99_ns && sr.first_p99_ns <= sr.first_max_ns);
+        assert_true(sr.again_p50_ns > 0 && sr.again_p50_ns <= sr.again_p99_ns && sr.again_p99_ns <= sr.again_max_ns);
+        assert_true(sr.apply_ns_per_block > 0);
+    }
     /* a bad configuration is refused */
     struct kvi_trace_run_cfg bad = {.window_ms = 0, .readers = 1, .writers = 1, .max_overrun = 3};
     struct kvi_trace_run_result r;
