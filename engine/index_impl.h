@@ -176,12 +176,30 @@ static inline void tab_prefetch_t(const struct kvi_table *tb, uint32_t tag)
         __builtin_prefetch(&t->s[tab_home(t, tag)]);
 }
 
+/* Insert (tag, idx) into t, which has room (W1). Writer. */
+static inline void tab_insert_raw(struct kvi_tab *t, uint32_t tag, uint32_t idx)
+{
+    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
+        uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+        if (s == 0 || (uint32_t)s == KVI_TOMB) {
+            if (s == 0)
+                t->used++;
+            t->live++;
+            atomic_store_explicit(&t->s[i], ((uint64_t)tag << 32) | idx, memory_order_release); /* W1 */
+            return;
+        }
+    }
+}
+
 /* Rebuild tb with capacity cap, publish it, and retire the old array (readers:
  * a query table) or free it at once; touch: fault every page in now. Writer. */
 void kvi_ix__tab_rehash_ex(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers, bool touch);
 /* Insert entry idx under a key whose tag is `tag` (W1). Writer. */
 void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag,
                           uint32_t idx);
+/* Make room for m inserts into tb that then need no growth check
+ * (tab_insert_raw); readers: a query table. Writer. */
+void kvi_ix__tab_room(struct kvi_part *p, struct kvi_table *tb, uint64_t m, bool readers);
 /* Free tb's array now (a slot map: never read by queries). Writer. */
 void kvi_ix__tab_free_now(struct kvi_part *p, struct kvi_table *tb);
 /* Free a table array (NULL: nothing), however it was allocated. */

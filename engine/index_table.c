@@ -75,19 +75,7 @@ static size_t tab_bytes(const struct kvi_tab *t)
     return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint64_t);
 }
 
-static void tab_insert_raw(struct kvi_tab *t, uint32_t tag, uint32_t idx)
-{
-    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
-        uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
-        if (s == 0 || (uint32_t)s == KVI_TOMB) {
-            if (s == 0)
-                t->used++;
-            t->live++;
-            atomic_store_explicit(&t->s[i], ((uint64_t)tag << 32) | idx, memory_order_release); /* W1 */
-            return;
-        }
-    }
-}
+/* (tab_insert_raw is in engine/index_impl.h: the store's fresh-tail loop inlines it.) */
 
 /* Rebuild with capacity `cap`, publish, retire the old array (query tables)
  * or free it at once (slot maps, never read by queries). */
@@ -137,6 +125,24 @@ void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kv
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     }
     tab_insert_raw(t, tag, idx);
+}
+
+/* Make room for `m` inserts into tb (a query table when `readers`) that then
+ * need no growth check: grow (or purge tombstones) once, to the capacity the
+ * inserts one by one would have grown it to. Writer. */
+void kvi_ix__tab_room(struct kvi_part *p, struct kvi_table *tb, uint64_t m, bool readers)
+{
+    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    if (t != NULL && (uint64_t)t->used + m <= t->grow_at)
+        return;
+    uint64_t live = t != NULL ? t->live : 0, cap = t != NULL ? (uint64_t)t->mask + 1 : 16;
+    if (t != NULL && (live + 1) * 2 > cap)
+        cap *= 2; /* as kvi_ix__tab_insert_t: grow, or else purge at the same size */
+    while (live + m > cap / TAB_MAX_LOAD_DEN * TAB_MAX_LOAD_NUM)
+        cap *= 2;
+    if (cap > (1ull << 31))
+        kvi_die("table too large (%llu keys)", (unsigned long long)(live + m));
+    tab_rehash(p, tb, (uint32_t)cap, readers);
 }
 
 /* Writer-only tables (slot maps): delete by shifting the rest of the probe run
