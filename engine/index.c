@@ -101,11 +101,8 @@ static void scratch_trim(struct kvi_part *p)
     }
     if (p->cap_dup > SCRATCH_KEEP) {
         free(p->dup_val);
-        free(p->dup_mark);
         p->dup_val = NULL;
-        p->dup_mark = NULL;
         p->cap_dup = 0;
-        p->dup_gen = 0;
     }
 }
 
@@ -417,7 +414,6 @@ void kvi_index_destroy(struct kvi_index *ix)
         free(p->pending_slots);
         free(p->runbuf);
         free(p->dup_val);
-        free(p->dup_mark);
     }
     uint32_t ns = atomic_load(&ix->n_slot_ids);
     for (uint32_t c = 0; c <= (ns >> KVI_SLOT_CHUNK_SHIFT); c++) {

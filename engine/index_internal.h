@@ -181,10 +181,8 @@ struct kvi_part {
     size_t cap_sortbuf;
     uint64_t *runbuf; /* keys, seq hashes and table tags of the run being stored */
     size_t cap_runbuf;
-    uint64_t *dup_val;  /* duplicate check of a run: open-addressing set */
-    uint32_t *dup_mark; /* position in use when == dup_gen */
+    uint64_t *dup_val; /* duplicate check of a run: open-addressing set (0: free) */
     size_t cap_dup;
-    uint32_t dup_gen;
     uint32_t *pending_slots; /* slot ids freed, waiting for a grace period */
     uint32_t n_pending_slots, cap_pending_slots;
 

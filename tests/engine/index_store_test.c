@@ -372,6 +372,46 @@ static void test_scenarios_then_seq_tables(void **state)
     scenarios(true);
 }
 
+/* The run's duplicate check (run_has_duplicates, a scratch set for runs of
+ * more than 8 blocks, holding no 0): repeated hashes anywhere, 0 once or
+ * twice, the parent's hash in the run, the parent's hash 0. */
+static void test_duplicates(void **state)
+{
+    (void)state;
+    static struct st_run run;
+    struct st_run *r = &run;
+    static struct kvi_block b[300];
+    run_init(r, 1, 2, 0xd0d0);
+    for (uint32_t n = 9; n <= 300; n = n * 2 + 1) {
+        uint64_t base = (uint64_t)n << 32;
+        blocks(b, 7, 0, n, base);
+        b[n - 1].engine_hash = b[0].engine_hash; /* ends */
+        assert_int_equal(store(r, 0, KVI_TIER_GPU, false, 0, b, n), -EINVAL);
+        blocks(b, 7, 0, n, base);
+        b[n / 2].engine_hash = b[n / 2 - 1].engine_hash; /* neighbours */
+        assert_int_equal(store(r, 0, KVI_TIER_GPU, false, 0, b, n), -EINVAL);
+        blocks(b, 7, 0, n, base);
+        b[3].engine_hash = 0;
+        b[n - 2].engine_hash = 0; /* 0 twice */
+        assert_int_equal(store(r, 0, KVI_TIER_GPU, false, 0, b, n), -EINVAL);
+        blocks(b, 8 + n, 0, n, base);
+        b[n / 3].engine_hash = 0; /* 0 once: valid */
+        assert_int_equal(store(r, 1, KVI_TIER_GPU, false, 0, b, n), 0);
+        uint64_t parent = b[n - 1].engine_hash;
+        blocks(b, 8 + n, n, 2 * n, base + n);
+        b[n - 1].engine_hash = parent; /* the parent's hash in the run */
+        assert_int_equal(store(r, 1, KVI_TIER_GPU, true, parent, b, n), -EINVAL);
+        blocks(b, 8 + n, n, 2 * n, base + n);
+        b[1].engine_hash = 0; /* 0 under a parent named 0 */
+        assert_int_equal(store(r, 1, KVI_TIER_GPU, true, 0, b, n), -EINVAL);
+        blocks(b, 8 + n, n, 2 * n, base + n);
+        assert_int_equal(store(r, 1, KVI_TIER_GPU, true, parent, b, n), 0);
+        check_stats(r);
+        check_dump(r);
+    }
+    run_free(r);
+}
+
 /* ---- randomized ------------------------------------------------------------- */
 
 #define R_DOCS 24u
@@ -612,6 +652,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_scenarios, st_teardown),
         cmocka_unit_test_teardown(test_scenarios_then_seq_tables, st_teardown),
+        cmocka_unit_test_teardown(test_duplicates, st_teardown),
         cmocka_unit_test_teardown(test_randomized, st_teardown),
         cmocka_unit_test(test_concurrent_readers),
     };
