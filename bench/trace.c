@@ -45,8 +45,6 @@ struct trace_opts {
     uint32_t trace_dup, length_factor;
     struct kvi_trace_workload_cfg wl;
     uint32_t readers, writers, ring_capacity, jump;
-    enum { LANE_WAIT_AUTO, LANE_WAIT_SPIN, LANE_WAIT_SLEEP } lane_wait;
-    bool lane_spin; /* resolved lane_wait */
     bool serial;    /* --serial: one thread applies and queries (kvi_trace_serial) */
     char backends[256];
     double window_ms;
@@ -140,10 +138,6 @@ static void usage(FILE *f)
             "  --writers W             event writer threads = kvidx partitions (1)\n"
             "  --ring-capacity N       ops per (lane, writer) ring (4096)\n"
             "  --jump J                kvidx query jump (%u)\n"
-            "  --lane-wait auto|spin|sleep  how a lane waits for its next entry: spin\n"
-            "                          (sched_yield) or sleep when it is more than 20 us away;\n"
-            "                          auto = spin in process when lanes + writers fit the\n"
-            "                          online CPUs, else sleep (end to end: always sleep)\n"
             "  --max-overrun X         lanes give up at X times the window (3)\n"
             "  --serial                no window: one thread applies every event and runs every\n"
             "                          query in timeline order, each query timed twice (first\n"
@@ -240,7 +234,7 @@ enum {
     O_TRACE = 256, O_SYNTH_REQ, O_WORKERS, O_WORKER_DUP, O_TRACE_DUP, O_LENGTH, O_BLOCK, O_GPU, O_SIM, O_SPEEDUP,
     O_PREFILL, O_DECODE, O_DISTINCT, O_SEED, O_BACKENDS, O_READERS, O_WRITERS, O_RING, O_JUMP, O_OVERRUN,
     O_WINDOW, O_SMIN, O_SMAX, O_STEPS, O_STOP, O_OUT, O_NOPLOT, O_NOPROG, O_E2E, O_E2E_SPAWN, O_E2E_QUERY,
-    O_LANE_WAIT, O_SERIAL,
+    O_SERIAL,
 };
 
 /* @return 0 to run, 1 after --help, 2 on a usage error */
@@ -292,8 +286,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
         {"e2e", required_argument, NULL, O_E2E},
         {"e2e-spawn", required_argument, NULL, O_E2E_SPAWN},
         {"e2e-query", required_argument, NULL, O_E2E_QUERY},
-        {"lane-wait", required_argument, NULL, O_LANE_WAIT}, /* opts[c - O_TRACE]: enum order */
-        {"serial", no_argument, NULL, O_SERIAL},
+        {"serial", no_argument, NULL, O_SERIAL}, /* opts[c - O_TRACE]: enum order */
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -323,12 +316,6 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
         case O_RING: ok = parse_u32(optarg, &o->ring_capacity, 2); break;
         case O_JUMP: ok = parse_u32(optarg, &o->jump, 0); break;
         case O_SERIAL: o->serial = true; break;
-        case O_LANE_WAIT:
-            ok = !strcmp(optarg, "auto") || !strcmp(optarg, "spin") || !strcmp(optarg, "sleep");
-            o->lane_wait = !strcmp(optarg, "spin")    ? LANE_WAIT_SPIN
-                           : !strcmp(optarg, "sleep") ? LANE_WAIT_SLEEP
-                                                      : LANE_WAIT_AUTO;
-            break;
         case O_OVERRUN: ok = parse_pos(optarg, &o->max_overrun) && o->max_overrun > 1.0; break;
         case O_WINDOW: ok = parse_pos(optarg, &o->window_ms); break;
         case O_SMIN: ok = parse_pos(optarg, &o->sweep_min_ms); break;
@@ -478,7 +465,6 @@ static int run_one(const struct kvi_trace_workload *w, const struct trace_opts *
         .ring_capacity = o->ring_capacity,
         .max_overrun = o->max_overrun,
         .jump = o->jump,
-        .lane_spin = o->lane_spin,
         .key_seed = o->wl.seed,
         .progress = progress_draw,
         .pctx = pg,
@@ -618,10 +604,10 @@ static int write_json(const char *path, const struct kvi_trace *t, const struct 
     fprintf(f, ",\"sha256\":");
     json_str(f, t->sha256);
     fprintf(f, ",\"workers\":%u,\"worker_dup\":%u,\"trace_dup\":%u,\"length_factor\":%u,\"block_size\":%u,"
-               "\"gpu_blocks\":%u,\"seed\":%llu,\"readers\":%u,\"writers\":%u,\"lane_wait\":\"%s\",\"cpus\":%ld,",
+               "\"gpu_blocks\":%u,\"seed\":%llu,\"readers\":%u,\"writers\":%u,\"cpus\":%ld,",
             w->cfg.n_workers, w->cfg.worker_dup, o->trace_dup, o->length_factor, w->cfg.block_size,
             w->cfg.gpu_blocks, (unsigned long long)w->cfg.seed, o->readers, o->writers,
-            o->lane_spin ? "spin" : "sleep", sysconf(_SC_NPROCESSORS_ONLN));
+            sysconf(_SC_NPROCESSORS_ONLN));
     fprintf(f, "\"workload\":{\"requests\":%zu,\"ops\":%zu,\"queries\":%llu,\"query_blocks\":%llu,\"stores\":%llu,"
                "\"stored_blocks\":%llu,\"removes\":%llu,\"removed_blocks\":%llu},\"backends\":{",
             t->n_req, w->n, (unsigned long long)st->queries, (unsigned long long)st->query_blocks,
@@ -679,7 +665,7 @@ static void write_outputs(const struct kvi_trace *t, const struct kvi_trace_work
 }
 
 static void print_final(const struct kvi_trace *t, const struct kvi_trace_workload *w, const struct series *kv,
-                        bool e2e, bool lane_spin)
+                        bool e2e)
 {
     const struct kvi_trace_run_result *b = kv ? best_keep_up(kv) : NULL;
     if (kv && b == NULL) /* nothing kept up: report the lowest load measured */
@@ -693,11 +679,11 @@ static void print_final(const struct kvi_trace *t, const struct kvi_trace_worklo
     json_str(stdout, t->name);
     printf(",\"workers\":%u,\"valid\":%s,\"keep_up\":%s,\"offered_block_ops_per_s\":%.0f,"
            "\"achieved_block_ops_per_s\":%.0f,\"threads\":%u,\"find_p50_ns\":%llu,\"find_p99_ns\":%llu,"
-           "\"backlog_pct\":%.3f,\"lane_wait\":\"%s\"%s}\n",
+           "\"backlog_pct\":%.3f%s}\n",
            w->n_workers_total, b->valid ? "true" : "false", b->keep_up ? "true" : "false",
            b->offered_block_ops_per_s, b->achieved_block_ops_per_s, b->threads,
            (unsigned long long)b->find_p50_ns, (unsigned long long)b->find_p99_ns, b->backlog_pct,
-           lane_spin ? "spin" : "sleep", e2e ? ",\"mode\":\"e2e\"" : "");
+           e2e ? ",\"mode\":\"e2e\"" : "");
 }
 
 static int pick_backends(const char *list, struct series *s, size_t *n)
@@ -781,13 +767,6 @@ int kvi_bench_trace(int argc, char **argv)
         free(s);
         return 2;
     }
-    if (e2e && o.lane_wait == LANE_WAIT_SPIN) {
-        fprintf(stderr, "trace: --lane-wait spin is for the in-process replay (end to end, lanes sleep)\n");
-        free(s);
-        return 2;
-    }
-    o.lane_spin = o.lane_wait == LANE_WAIT_SPIN ||
-                  (o.lane_wait == LANE_WAIT_AUTO && !e2e && o.readers + o.writers <= sysconf(_SC_NPROCESSORS_ONLN));
     if (e2e) {
         if (ns != 1 || strcmp(kvi_trace_backend_name(s[0].be), "kvidx") != 0)
             printf("note: --e2e replays through kvidxd only (the baselines run in process only)\n");
@@ -845,9 +824,9 @@ int kvi_bench_trace(int argc, char **argv)
                o.e2e_query == KVI_E2E_QUERY_TOKENS ? "POST /query (msgpack tokens)"
                                                    : "POST /query_by_hash (msgpack content hashes)");
     else
-        printf("replay: %u lane(s) (RCU readers + ring producers, %s between entries) + %u writer thread(s), "
-               "%ld online CPU(s); find latency = service time inside the index\n",
-               o.readers, o.lane_spin ? "spinning" : "sleeping", o.writers, sysconf(_SC_NPROCESSORS_ONLN));
+        printf("replay: %u lane(s) (RCU readers + ring producers) + %u writer thread(s), %ld online CPU(s); "
+               "find latency = service time inside the index\n",
+               o.readers, o.writers, sysconf(_SC_NPROCESSORS_ONLN));
     double win[MAX_STEPS];
     uint32_t n_win;
     sweep_windows(&o, win, &n_win);
@@ -866,7 +845,7 @@ int kvi_bench_trace(int argc, char **argv)
                 kv = &s[i];
         if (kv == NULL)
             printf("(no kvidx runs: the summary line below is empty)\n");
-        print_final(&base, &w, kv, o.e2e != NULL, o.lane_spin);
+        print_final(&base, &w, kv, o.e2e != NULL);
     }
     kvi_trace_workload_free(&w);
     kvi_trace_free(&x);

@@ -440,13 +440,13 @@ struct run {
     _Atomic bool aborted; /* any lane stopped early (read after join) */
 };
 
-static void sleep_until(uint64_t due, bool spin)
+static void sleep_until(uint64_t due)
 {
     for (;;) {
         uint64_t now = kvi_now_ns();
         if (now >= due)
             return;
-        if (!spin && due - now > SLEEP_MIN_NS) {
+        if (due - now > SLEEP_MIN_NS) {
             struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
             clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
         } else {
@@ -511,7 +511,7 @@ static void *lane_main(void *arg)
         uint64_t now = kvi_now_ns();
         if (now < due) {
             submit(p, burst, &nb);
-            sleep_until(due, r->cfg->lane_spin);
+            sleep_until(due);
             now = kvi_now_ns();
         }
         if (now > stop)

@@ -88,9 +88,6 @@ struct kvi_trace_run_cfg {
     uint32_t ring_capacity;  /* ops per (lane, writer) ring; 0 = the pool's default */
     double max_overrun;      /* lanes stop issuing at this multiple of the window (> 1) */
     uint32_t jump;           /* kvidx query jump (0 = default) */
-    bool lane_spin;          /* lanes wait for due times with sched_yield instead of sleeping:
-                              * a sleeping lane's CPU goes idle, and on a VM the first query
-                              * after an idle spell runs with cold caches */
     uint64_t key_seed;       /* kvidx prefix-key seed */
     /* called on the calling thread about every 100 ms while lanes run */
     kvi_trace_progress_fn progress;

@@ -288,16 +288,10 @@ static void test_replay(void **state)
     for (size_t i = 0; i < w.n; i++)
         if (w.e[i].kind != KVI_TRACE_QUERY)
             kvi_trace_be_apply(ref->b[1], &w.e[i]);
-    for (int run = 0; run <= NB; run++) { /* every backend with sleeping lanes, kvidx with spinning ones */
-        int i = run < NB ? run : 0;
+    for (int i = 0; i < NB; i++) {
         struct final_check fc = {&w, ref, 0};
-        struct kvi_trace_run_cfg cfg = {.window_ms = 300,
-                                        .readers = 2,
-                                        .writers = 2,
-                                        .max_overrun = 50,
-                                        .lane_spin = run == NB,
-                                        .inspect = inspect,
-                                        .ictx = &fc};
+        struct kvi_trace_run_cfg cfg = {
+            .window_ms = 300, .readers = 2, .writers = 2, .max_overrun = 50, .inspect = inspect, .ictx = &fc};
         struct kvi_trace_run_result r;
         assert_int_equal(kvi_trace_run(&w, kvi_trace_backend_by_name(names[i]), &cfg, &r), 0);
         assert_string_equal(r.backend, names[i]);
