@@ -192,8 +192,8 @@ static inline void tab_insert_raw(struct kvi_tab *t, uint32_t tag, uint32_t idx)
 }
 
 /* Rebuild tb with capacity cap, publish it, and retire the old array (readers:
- * a query table) or free it at once; touch: fault every page in now. Writer. */
-void kvi_ix__tab_rehash_ex(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers, bool touch);
+ * a query table) or free it at once. Writer. */
+void kvi_ix__tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers);
 /* Insert entry idx under a key whose tag is `tag` (W1). Writer. */
 void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag,
                           uint32_t idx);

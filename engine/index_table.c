@@ -39,12 +39,32 @@ static void *huge_map(size_t len)
  * A table of 2 MiB or more is mapped on its own, on 2 MiB boundaries, and
  * asks for transparent huge pages: its random probes then miss the TLB far
  * less (a page walk costs twice under virtualisation), growing it faults 512
- * times fewer pages, and fresh mappings need no zeroing beyond the kernel's.
+ * times fewer pages.
  * measured (kvidx-bench micro, thread cpu ns per block, 3 interleaved runs
  * each, shared 2-cpu VM), huge pages with malloc + memset: store 193.1 /
  * 193.2 / 196.2 -> 169.7 / 172.7 / 213.5, remove 130.5 / 134.9 / 138.1 ->
  * 123.1 / 125.3 / 126.3.
+ *
+ * Every new table is written (zeroed) before anything reads it. A fresh page
+ * read first is mapped to the shared zero page; the write that follows
+ * replaces it and must flush that address from every cpu running a thread
+ * of the process: an IPI to each query thread per 4 KiB page (per 2 MiB
+ * page for huge ones) of every table the writer grows, since inserts probe
+ * (read) a slot before they fill it. measured (quiet 2-cpu VM, interleaved
+ * runs): kvidx-bench trace --window-ms 300, IPIs taken by the query lane
+ * 1,208 -> 230 per run, find p99 12.3-13.2 -> 5.3-5.7 us (250 ms: 13.6-14.8
+ * -> 5.6-6.1 us); kvidx-bench micro cold store 167.4 / 211.6 -> 143.7 /
+ * 137.0 ns per block.
  */
+/* Write (a zero) into every page of zeroed memory, so that no page of it is
+ * first read (see tab_new). Volatile: a compiler turns malloc + memset into
+ * calloc, and calloc leaves fresh pages untouched. */
+static void write_pages(void *mem, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 4096)
+        ((volatile char *)mem)[o] = 0;
+}
+
 static struct kvi_tab *tab_new(uint32_t cap)
 {
     size_t bytes = sizeof(struct kvi_tab) + (size_t)cap * sizeof(uint64_t);
@@ -56,6 +76,7 @@ static struct kvi_tab *tab_new(uint32_t cap)
     } else {
         t = kvi_xcalloc(1, bytes);
     }
+    write_pages(t, bytes);
     t->mask = cap - 1;
     t->shift = 64 - (uint32_t)__builtin_ctz(cap);
     t->grow_at = cap / TAB_MAX_LOAD_DEN * TAB_MAX_LOAD_NUM; /* cap >= 16: exact */
@@ -79,13 +100,11 @@ static size_t tab_bytes(const struct kvi_tab *t)
 
 /* Rebuild with capacity `cap`, publish, retire the old array (query tables)
  * or free it at once (slot maps, never read by queries). */
-void kvi_ix__tab_rehash_ex(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers, bool touch)
+void kvi_ix__tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers)
 {
     struct kvi_tab *old = atomic_load_explicit(&tb->t, memory_order_relaxed);
     struct kvi_tab *nt = tab_new(cap);
     part_account(p, (int64_t)tab_bytes(nt));
-    if (touch) /* fault every page in now (kvi_index_reserve) */
-        memset((void *)nt->s, 0, (size_t)cap * sizeof(uint64_t));
     if (old != NULL) {
         for (uint32_t i = 0; i <= old->mask; i++) {
             uint64_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
@@ -105,23 +124,19 @@ void kvi_ix__tab_rehash_ex(struct kvi_part *p, struct kvi_table *tb, uint32_t ca
     }
 }
 
-static void tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers)
-{
-    kvi_ix__tab_rehash_ex(p, tb, cap, readers, false);
-}
 
 /* Insert entry idx under a key whose tag is `tag` (W1). Writer. */
 void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag, uint32_t idx)
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL) {
-        tab_rehash(p, tb, 16, c->kind != TAB_MAP);
+        kvi_ix__tab_rehash(p, tb, 16, c->kind != TAB_MAP);
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     } else if (t->used >= t->grow_at) { /* (used + 1) / cap > 3/4 */
         uint32_t cap = t->mask + 1;
         if ((uint64_t)(t->live + 1) * 2 > cap)
             cap *= 2; /* else: same size, purge tombstones */
-        tab_rehash(p, tb, cap, c->kind != TAB_MAP);
+        kvi_ix__tab_rehash(p, tb, cap, c->kind != TAB_MAP);
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     }
     tab_insert_raw(t, tag, idx);
@@ -142,7 +157,7 @@ void kvi_ix__tab_room(struct kvi_part *p, struct kvi_table *tb, uint64_t m, bool
         cap *= 2;
     if (cap > (1ull << 31))
         kvi_die("table too large (%llu keys)", (unsigned long long)(live + m));
-    tab_rehash(p, tb, (uint32_t)cap, readers);
+    kvi_ix__tab_rehash(p, tb, (uint32_t)cap, readers);
 }
 
 /* Writer-only tables (slot maps): delete by shifting the rest of the probe run
@@ -170,7 +185,7 @@ static void tab_delete_shift(struct kvi_part *p, struct kvi_table *tb, uint32_t 
     t->live--;
     uint32_t cap = t->mask + 1;
     if (cap > 64 && (uint64_t)t->live * 8 < cap)
-        tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, false);
+        kvi_ix__tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, false);
 }
 
 /* Tombstone the slot holding (a key with tag `tag`, idx); slot maps shift
@@ -196,7 +211,7 @@ static void tab_delete_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi
     }
     uint32_t cap = t->mask + 1;
     if (cap > 64 && (uint64_t)t->live * 8 < cap)
-        tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, c->kind != TAB_MAP);
+        kvi_ix__tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, c->kind != TAB_MAP);
 }
 
 void kvi_ix__tab_free_now(struct kvi_part *p, struct kvi_table *tb)

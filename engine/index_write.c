@@ -507,7 +507,7 @@ static void tab_reserve(struct kvi_part *p, struct kvi_table *tb, uint64_t live,
     uint64_t cap = tab_cap_for(live);
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL || cap > (uint64_t)t->mask + 1)
-        kvi_ix__tab_rehash_ex(p, tb, (uint32_t)cap, readers, true);
+        kvi_ix__tab_rehash(p, tb, (uint32_t)cap, readers);
 }
 
 /*
