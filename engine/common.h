@@ -97,6 +97,17 @@ static inline void kvi_cpu_relax(void)
 #endif
 }
 
+/* A full fence, for Dekker pairs (a store, then a load of another word, on
+ * each side). TSan does not model fences (and GCC rejects some under
+ * -fsanitize=thread): its builds do a seq_cst read-modify-write of one
+ * shared word instead, which orders the two sides for it as well. */
+#ifdef KVI_TSAN
+extern _Atomic uint32_t kvi__tsan_fence_word;
+#define kvi_fence_seq_cst() ((void)atomic_fetch_add_explicit(&kvi__tsan_fence_word, 0, memory_order_seq_cst))
+#else
+#define kvi_fence_seq_cst() atomic_thread_fence(memory_order_seq_cst)
+#endif
+
 /* Add to a counter that only one thread writes (others may read it):
  * a relaxed load/store pair, cheaper than an atomic read-modify-write. */
 static inline void kvi_relaxed_add(_Atomic uint64_t *c, uint64_t v)

@@ -132,7 +132,7 @@ static void futex_wake(_Atomic uint32_t *addr)
  * wait_for_space): a fence between our dequeue and our load of space_wait. */
 static inline void space_made(struct kvi_pring *pr)
 {
-    atomic_thread_fence(memory_order_seq_cst);
+    kvi_fence_seq_cst();
     if (KVI_UNLIKELY(atomic_load_explicit(&pr->space_wait, memory_order_relaxed)) &&
         kvi_ring_count(pr->r) <= kvi_ring_capacity(pr->r) / 2) {
         atomic_fetch_add_explicit(&pr->space_seq, 1, memory_order_release);
@@ -561,7 +561,7 @@ static void wait_for_space(struct kvi_pring *pr, struct kvi_writer *w, uint32_t 
     }
     uint32_t seq = atomic_load_explicit(&pr->space_seq, memory_order_acquire);
     atomic_store_explicit(&pr->space_wait, 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_seq_cst); /* Dekker with space_made */
+    kvi_fence_seq_cst(); /* Dekker with space_made */
     if (kvi_ring_count(pr->r) > kvi_ring_capacity(pr->r) / 2) {
         struct timespec ts = {0, 1000000L};
         syscall(SYS_futex, (uint32_t *)&pr->space_seq, FUTEX_WAIT_PRIVATE, seq, &ts, NULL, 0);
