@@ -73,3 +73,13 @@ double kvi_hist_mean(const struct kvi_hist *h)
 {
     return h->count ? (double)h->sum / (double)h->count : 0.0;
 }
+
+void kvi_hist_summarize(const struct kvi_hist *h, struct kvi_hist_summary *s)
+{
+    s->p50 = kvi_hist_percentile(h, 50);
+    s->p95 = kvi_hist_percentile(h, 95);
+    s->p99 = kvi_hist_percentile(h, 99);
+    s->p999 = kvi_hist_percentile(h, 99.9);
+    s->max = h->count ? h->max : 0;
+    s->mean = kvi_hist_mean(h);
+}

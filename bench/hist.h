@@ -63,6 +63,15 @@ uint64_t kvi_hist_percentile(const struct kvi_hist *h, double p);
 /** Mean of the recorded values (0 when empty). */
 double kvi_hist_mean(const struct kvi_hist *h);
 
+/* The figures the benchmarks report of a latency histogram (0 when empty). */
+struct kvi_hist_summary {
+    uint64_t p50, p95, p99, p999, max;
+    double mean;
+};
+
+/** Summarise @p h (percentiles as kvi_hist_percentile). */
+void kvi_hist_summarize(const struct kvi_hist *h, struct kvi_hist_summary *s);
+
 /* inline defs */
 
 static inline uint32_t kvi_hist_bucket(uint64_t v)

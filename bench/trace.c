@@ -727,8 +727,8 @@ static int run_serial(const struct kvi_trace *t, const struct kvi_trace_workload
             return rc;
         }
         printf("%-10s %8llu %7.2f us %6.2f us %6.2f us %6.1f us %6.2f us %6.2f us %6.1f us %12.1f\n", r.backend,
-               (unsigned long long)r.queries, r.first_p50_ns / 1e3, r.first_p99_ns / 1e3, r.first_p999_ns / 1e3,
-               r.first_max_ns / 1e3, r.again_p50_ns / 1e3, r.again_p99_ns / 1e3, r.again_max_ns / 1e3,
+               (unsigned long long)r.queries, r.first.p50 / 1e3, r.first.p99 / 1e3, r.first.p999 / 1e3,
+               r.first.max / 1e3, r.again.p50 / 1e3, r.again.p99 / 1e3, r.again.max / 1e3,
                r.apply_ns_per_block);
         if (r.rejected)
             printf("%-10s   warning: %llu stores rejected (parent unknown)\n", "", (unsigned long long)r.rejected);
@@ -743,9 +743,9 @@ static int run_serial(const struct kvi_trace *t, const struct kvi_trace_workload
     json_str(stdout, t->name);
     printf(",\"workers\":%u,\"queries\":%llu,\"find_first_p50_ns\":%llu,\"find_first_p99_ns\":%llu,"
            "\"find_again_p50_ns\":%llu,\"find_again_p99_ns\":%llu,\"apply_ns_per_block\":%.1f}\n",
-           w->n_workers_total, (unsigned long long)kv.queries, (unsigned long long)kv.first_p50_ns,
-           (unsigned long long)kv.first_p99_ns, (unsigned long long)kv.again_p50_ns,
-           (unsigned long long)kv.again_p99_ns, kv.apply_ns_per_block);
+           w->n_workers_total, (unsigned long long)kv.queries, (unsigned long long)kv.first.p50,
+           (unsigned long long)kv.first.p99, (unsigned long long)kv.again.p50, (unsigned long long)kv.again.p99,
+           kv.apply_ns_per_block);
     return 0;
 }
 

@@ -156,9 +156,7 @@ struct kvi_trace_serial_result {
     uint64_t queries, hit_queries;
     /* find as the timeline leaves the caches (first call), and the same query
      * again at once (warm: the floor of the index's own work) */
-    uint64_t first_p50_ns, first_p99_ns, first_p999_ns, first_max_ns;
-    uint64_t again_p50_ns, again_p99_ns, again_p999_ns, again_max_ns;
-    double first_mean_ns, again_mean_ns;
+    struct kvi_hist_summary first, again; /* ns */
     uint64_t events, event_blocks; /* stored + removed hashes */
     double apply_ns_per_block;     /* the events' apply time per hash */
     uint64_t rejected;

@@ -325,8 +325,8 @@ static void test_replay(void **state)
         assert_int_equal(sr.event_blocks, w.st.stored_blocks + w.st.removed_blocks);
         assert_int_equal(sr.rejected, 0);
         assert_true(sr.hit_queries > 0 && sr.hit_queries <= sr.queries);
-        assert_true(sr.first_p50_ns > 0 && sr.first_p50_ns <= sr.first_p99_ns && sr.first_p99_ns <= sr.first_max_ns);
-        assert_true(sr.again_p50_ns > 0 && sr.again_p50_ns <= sr.again_p99_ns && sr.again_p99_ns <= sr.again_max_ns);
+        assert_true(sr.first.p50 > 0 && sr.first.p50 <= sr.first.p99 && sr.first.p99 <= sr.first.max);
+        assert_true(sr.again.p50 > 0 && sr.again.p50 <= sr.again.p99 && sr.again.p99 <= sr.again.max);
         assert_true(sr.apply_ns_per_block > 0);
     }
     /* a bad configuration is refused */
