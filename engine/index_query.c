@@ -357,30 +357,24 @@ static void verify_members(const struct finder *f, const struct kvi_entry *e0, u
         m = atomic_load_explicit(&ms->n, memory_order_acquire);
     uint32_t walked[32]; /* depths walked from, direct-mapped (a collision walks again) */
     memset(walked, 0xff, sizeof walked);
-    for (int pass = 0; pass < 2; pass++)
-        for (uint32_t i = 0; i < m; i++) {
-            uint64_t w = ms ? atomic_load_explicit(&ms->m[i].w, memory_order_acquire) : 0; /* R2 */
-            uint32_t s = ms ? kvi__member_slot(w) : one;
-            if (s == KVI_NONE || s >= f->n_slots)
-                continue;
-            uint8_t tier = ms ? (kvi__member_tier(w) & KVI_MEMBER_TIER) : kvi__slot(f->ix, s)->tier;
-            if (tier != KVI_TIER_GPU)
-                continue;
-            if (pass == 1) { /* a member that holds nothing is not a match */
-                if (q->gen[s] == q->cur_gen && q->depth[s] == 0)
-                    q->gen[s] = 0;
-                continue;
-            }
-            if (q->gen[s] != q->cur_gen) {
-                q->depth[s] = 0;
-                q->gen[s] = q->cur_gen;
-            }
-            uint32_t d = q->depth[s];
-            if (walked[d & 31] == d)
-                continue;
-            walked[d & 31] = d;
-            extend_from(f, d, n);
+    for (uint32_t i = 0; i < m; i++) {
+        uint64_t w = ms ? atomic_load_explicit(&ms->m[i].w, memory_order_acquire) : 0; /* R2 */
+        uint32_t s = ms ? kvi__member_slot(w) : one;
+        if (s == KVI_NONE || s >= f->n_slots)
+            continue;
+        uint8_t tier = ms ? (kvi__member_tier(w) & KVI_MEMBER_TIER) : kvi__slot(f->ix, s)->tier;
+        if (tier != KVI_TIER_GPU)
+            continue;
+        if (q->gen[s] != q->cur_gen) { /* depth 0: emit_part skips it unless extended */
+            q->depth[s] = 0;
+            q->gen[s] = q->cur_gen;
         }
+        uint32_t d = q->depth[s];
+        if (walked[d & 31] == d)
+            continue;
+        walked[d & 31] = d;
+        extend_from(f, d, n);
+    }
 }
 
 static size_t emit_part(const struct finder *f, const struct kvi_entry *e0, struct kvi_match *out, size_t cap,
@@ -393,7 +387,9 @@ static size_t emit_part(const struct finder *f, const struct kvi_entry *e0, stru
         n = atomic_load_explicit(&ms->n, memory_order_acquire);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t s = ms ? kvi__member_slot(atomic_load_explicit(&ms->m[i].w, memory_order_acquire)) : one;
-        if (s == KVI_NONE || s >= f->n_slots || q->gen[s] != q->cur_gen)
+        /* (depth 0: marked by verify_members, holding nothing after all; the
+         * members read here may differ from the ones it read) */
+        if (s == KVI_NONE || s >= f->n_slots || q->gen[s] != q->cur_gen || q->depth[s] == 0)
             continue;
         q->gen[s] = 0; /* emit once */
         if (count < cap) {
