@@ -136,7 +136,7 @@ static inline void space_made(struct kvi_pring *pr)
     if (KVI_UNLIKELY(atomic_load_explicit(&pr->space_wait, memory_order_relaxed)) &&
         kvi_ring_count(pr->r) <= kvi_ring_capacity(pr->r) / 2) {
         atomic_fetch_add_explicit(&pr->space_seq, 1, memory_order_release);
-        syscall(SYS_futex, (uint32_t *)&pr->space_seq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+        futex_wake(&pr->space_seq);
     }
 }
 
@@ -562,10 +562,8 @@ static void wait_for_space(struct kvi_pring *pr, struct kvi_writer *w, uint32_t 
     uint32_t seq = atomic_load_explicit(&pr->space_seq, memory_order_acquire);
     atomic_store_explicit(&pr->space_wait, 1, memory_order_relaxed);
     kvi_fence_seq_cst(); /* Dekker with space_made */
-    if (kvi_ring_count(pr->r) > kvi_ring_capacity(pr->r) / 2) {
-        struct timespec ts = {0, 1000000L};
-        syscall(SYS_futex, (uint32_t *)&pr->space_seq, FUTEX_WAIT_PRIVATE, seq, &ts, NULL, 0);
-    }
+    if (kvi_ring_count(pr->r) > kvi_ring_capacity(pr->r) / 2)
+        futex_wait(&pr->space_seq, seq, 1000000L);
     atomic_store_explicit(&pr->space_wait, 0, memory_order_relaxed);
 }
 
