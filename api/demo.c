@@ -249,13 +249,7 @@ static uint32_t demo_register_all(struct kvi_demo *d)
     uint64_t deadline = kvi_now_ns() + (uint64_t)DEMO_REG_WAIT_MS * 1000000u;
     pthread_mutex_lock(&regs->mu);
     while (regs->pending > 0 && !atomic_load_explicit(&d->stop, memory_order_relaxed) && kvi_now_ns() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = kvi_timespec_after(CLOCK_REALTIME, 100 * 1000000u);
         pthread_cond_timedwait(&regs->cv, &regs->mu, &ts);
     }
     uint32_t ok = regs->pending == 0 ? d->cfg.workers - regs->failed : 0;

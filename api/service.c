@@ -302,14 +302,8 @@ int kvi_service_stop(struct kvi_service *svc, uint32_t wait_ms)
     pthread_cond_broadcast(&svc->qcv);
     pthread_mutex_unlock(&svc->qmu);
     kvi_dump_pool_close(svc->dumps);
-    struct timespec ts; /* one deadline for the control thread and the dump threads */
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += wait_ms / 1000;
-    ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    /* one deadline for the control thread and the dump threads */
+    struct timespec ts = kvi_timespec_after(CLOCK_REALTIME, (uint64_t)wait_ms * 1000000u);
     if (svc->ctl_started) {
         if (wait_ms == 0)
             pthread_join(svc->ctl, NULL);
@@ -349,14 +343,7 @@ int kvi_service_post(struct kvi_service *svc, void (*fn)(struct kvi_service *svc
 
 bool kvi_service_ctl_wait(struct kvi_service *svc, uint32_t ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = kvi_timespec_after(CLOCK_REALTIME, (uint64_t)ms * 1000000u);
     pthread_mutex_lock(&svc->qmu);
     while (!kvi_service_stopping(svc)) {
         if (pthread_cond_timedwait(&svc->qcv, &svc->qmu, &ts) == ETIMEDOUT)

@@ -721,15 +721,7 @@ static void *mutation_main(void *arg)
             uint64_t now = kvi_now_ns();
             if (now >= next_tick)
                 break;
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            uint64_t wait = next_tick - now;
-            ts.tv_sec += (time_t)(wait / 1000000000ull);
-            ts.tv_nsec += (long)(wait % 1000000000ull);
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            struct timespec ts = kvi_timespec_after(CLOCK_MONOTONIC, next_tick - now);
             pthread_cond_timedwait(&s->jcv, &s->jmu, &ts);
         }
         struct kvi_slot_job *j = s->jhead;

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define KVI_CACHE_LINE 64
 #define KVI_ALIGNED(n) __attribute__((aligned(n)))
@@ -117,5 +118,9 @@ static inline void kvi_relaxed_add(_Atomic uint64_t *c, uint64_t v)
 
 /* Monotonic clock in nanoseconds. */
 uint64_t kvi_now_ns(void);
+
+/** The time @p ns nanoseconds from now on clock @p clk, as an absolute
+ * timespec for timed waits (pthread_cond_timedwait, clock_nanosleep). */
+struct timespec kvi_timespec_after(clockid_t clk, uint64_t ns);
 
 #endif

@@ -274,17 +274,6 @@ struct kvi_http_stream *kvi_http_stream_open(struct kvi_http_res *r, int status,
     return st;
 }
 
-static void deadline_in(struct timespec *dl, unsigned ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, dl);
-    dl->tv_sec += ms / 1000;
-    dl->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (dl->tv_nsec >= 1000000000L) {
-        dl->tv_sec++;
-        dl->tv_nsec -= 1000000000L;
-    }
-}
-
 /*
  * Wait (st->mu held) until the queue is under the high water or the stream
  * is gone. @return false when the loop took nothing for stall_ms meanwhile.
@@ -298,14 +287,14 @@ static bool push_wait_room(struct kvi_http_stream *st)
             pthread_cond_wait(&st->cv, &st->mu);
         return true;
     }
-    deadline_in(&dl, st->stall_ms);
+    dl = kvi_timespec_after(CLOCK_MONOTONIC, (uint64_t)st->stall_ms * 1000000u);
     while (!st->gone && st->queued >= KVI_HTTP_STREAM_HIGH_WATER) {
         if (pthread_cond_timedwait(&st->cv, &st->mu, &dl) != ETIMEDOUT)
             continue;
         if (st->taken == seen)
             return st->gone || st->queued < KVI_HTTP_STREAM_HIGH_WATER;
         seen = st->taken; /* progress: a new period */
-        deadline_in(&dl, st->stall_ms);
+        dl = kvi_timespec_after(CLOCK_MONOTONIC, (uint64_t)st->stall_ms * 1000000u);
     }
     return true;
 }
