@@ -188,6 +188,16 @@ static int classify_tag(const struct mp_val *v, bool *short_tag)
     return TAG_UNKNOWN;
 }
 
+/* Element v of an array does not have the expected type: mark the event bad
+ * and skip v's body and the @p rest elements after it (depth of the
+ * elements @p depth), so that the batch's next events still decode. */
+static int skip_bad_rest(struct cur *c, const struct mp_val *v, uint64_t rest, unsigned depth, bool *bad)
+{
+    *bad = true;
+    int e = kvi_dec__mp_skip_body(c, v, depth);
+    return e ? e : kvi_dec__mp_skip_n(c, rest, depth);
+}
+
 /* Hash array elements, after the array header (@p n elements, depth of the
  * elements @p depth). Fast path: uint64, int64, fixint. */
 static int read_hashes(struct cur *c, uint32_t n, unsigned depth, uint64_t *out, bool *bad)
@@ -213,9 +223,7 @@ static int read_hashes(struct cur *c, uint32_t n, unsigned depth, uint64_t *out,
         if (e)
             return e;
         if (KVI_UNLIKELY(!hash_of(&v, &out[i]))) {
-            *bad = true;
-            e = kvi_dec__mp_skip_body(c, &v, depth);
-            return e ? e : kvi_dec__mp_skip_n(c, n - i - 1, depth);
+            return skip_bad_rest(c, &v, n - i - 1, depth, bad);
         }
         p = c->p;
     }
@@ -364,9 +372,7 @@ careful:
         if (e)
             return e;
         if (KVI_UNLIKELY(!token_of(&v, &out[i]))) {
-            *bad = true;
-            e = kvi_dec__mp_skip_body(c, &v, depth);
-            return e ? e : kvi_dec__mp_skip_n(c, n - i - 1, depth);
+            return skip_bad_rest(c, &v, n - i - 1, depth, bad);
         }
         p = c->p;
     }
@@ -385,9 +391,7 @@ static int read_tokens_pairs(struct cur *c, uint32_t n, unsigned depth, struct m
         if (i > 0 && (e = kvi_dec__mp_next(c, &v)))
             return e;
         if (v.t != MP_ARRAY || v.n != 2) {
-            *bad = true;
-            e = kvi_dec__mp_skip_body(c, &v, depth);
-            return e ? e : kvi_dec__mp_skip_n(c, n - i - 1, depth);
+            return skip_bad_rest(c, &v, n - i - 1, depth, bad);
         }
         struct mp_val a, b;
         if ((e = kvi_dec__mp_next(c, &a)) || (e = kvi_dec__mp_skip_body(c, &a, depth + 1)) ||
