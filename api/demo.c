@@ -341,7 +341,7 @@ static int demo_setup(struct kvi_demo *d)
             kvi_log_error("demo: cannot create the publisher of engine %" PRIu32 ": %s", i, strerror(errno));
             return -errno;
         }
-        mc.hash_seed = kvi_bench_mix64(d->cfg.seed * 0x9e3779b97f4a7c15ull + i + 1);
+        mc.hash_seed = kvi_fmix64(d->cfg.seed * 0x9e3779b97f4a7c15ull + i + 1);
         e->eng = kvi_mock_create(&mc, demo_emit, e);
         if (e->eng == NULL) {
             kvi_log_error("demo: invalid mock engine settings");

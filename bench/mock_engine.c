@@ -79,9 +79,9 @@ uint64_t kvi_mock_hash(uint64_t parent, uint64_t content)
 {
     /* two rounds of a 64-bit finaliser over (parent, content): opaque and
      * unrelated to kvidx's XXH3-based hashes */
-    uint64_t x = kvi_bench_mix64(parent ^ 0x243f6a8885a308d3ull);
+    uint64_t x = kvi_fmix64(parent ^ 0x243f6a8885a308d3ull);
     x ^= content + 0x9e3779b97f4a7c15ull + (x << 6) + (x >> 2);
-    return kvi_bench_mix64(x);
+    return kvi_fmix64(x);
 }
 
 /* ---- block lists ---------------------------------------------------------- */

@@ -147,8 +147,8 @@ static uint64_t eff_input(const struct kvi_trace_request *q)
 /* The worker of a session in a loop: fresh sessions every loop. */
 static uint32_t worker_of(const struct soak_run *r, uint64_t session, uint64_t loop)
 {
-    uint64_t k = kvi_bench_mix64(r->cfg->seed * 0x9e3779b97f4a7c15ull + loop + 1);
-    return (uint32_t)(kvi_bench_mix64(session ^ k) % r->cfg->workers);
+    uint64_t k = kvi_fmix64(r->cfg->seed * 0x9e3779b97f4a7c15ull + loop + 1);
+    return (uint32_t)(kvi_fmix64(session ^ k) % r->cfg->workers);
 }
 
 static double arrival_of(const struct soak_run *r, uint64_t loop, size_t idx)
@@ -169,9 +169,9 @@ static void block_tokens(const struct soak_run *r, uint64_t tag, uint32_t pos, u
         uint64_t k = k0 + i;
         if (k < in) {
             uint64_t id = r->trace->ids[q->ids_off + k / KVI_TRACE_ID_TOKENS] + loop * r->id_stride;
-            tok[i] = (uint32_t)((kvi_bench_mix64(id ^ PROMPT_SALT) + k % KVI_TRACE_ID_TOKENS) & 0x7fffffffu);
+            tok[i] = (uint32_t)((kvi_fmix64(id ^ PROMPT_SALT) + k % KVI_TRACE_ID_TOKENS) & 0x7fffffffu);
         } else {
-            tok[i] = (uint32_t)((kvi_bench_mix64(tag ^ OUTPUT_SALT) + (k - in)) & 0x7fffffffu);
+            tok[i] = (uint32_t)((kvi_fmix64(tag ^ OUTPUT_SALT) + (k - in)) & 0x7fffffffu);
         }
     }
 }
@@ -730,7 +730,7 @@ static int setup_workers(struct soak_run *r, void *zctx, char *err, size_t el)
             note(err, el, "kvidx_pub_create: %s", strerror(e));
             return -e;
         }
-        mc.hash_seed = kvi_bench_mix64(cfg->seed * 0x100000001b3ull + w + 1);
+        mc.hash_seed = kvi_fmix64(cfg->seed * 0x100000001b3ull + w + 1);
         sw->eng = kvi_mock_create(&mc, on_event, sw);
         if (sw->eng == NULL) {
             note(err, el, "mock engine: invalid configuration");

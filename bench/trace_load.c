@@ -272,11 +272,11 @@ int kvi_trace_parse_line(struct kvi_trace *t, const char *line, size_t len, char
                     uint64_t h = 0xcbf29ce484222325ull;
                     for (size_t i = 0; i < sl; i++)
                         h = (h ^ (unsigned char)sv[i]) * 0x100000001b3ull;
-                    r.session = kvi_bench_mix64(h);
+                    r.session = kvi_fmix64(h);
                 } else {
                     if (!scan_u64(&s, &v))
                         goto bad;
-                    r.session = kvi_bench_mix64(v + 1);
+                    r.session = kvi_fmix64(v + 1);
                 }
                 have_session = true;
             } else if (!skip_value(&s, 0)) {

@@ -21,7 +21,7 @@ void kvi_u64map_free(struct kvi_u64map *m)
 
 static inline uint32_t home(const struct kvi_u64map *m, uint64_t key)
 {
-    return (uint32_t)kvi_bench_mix64(key) & m->mask;
+    return (uint32_t)kvi_fmix64(key) & m->mask;
 }
 
 static void grow(struct kvi_u64map *m)

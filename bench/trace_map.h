@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/hash.h" /* kvi_fmix64: the map's hash, and the benchmarks' seed mixer */
+
 struct kvi_u64map_slot {
     uint64_t key; /* 0 = empty */
     uint64_t val;
@@ -63,15 +65,5 @@ bool kvi_u64map_del(struct kvi_u64map *m, uint64_t key, uint64_t *val);
  */
 bool kvi_u64map_next(const struct kvi_u64map *m, size_t *pos, uint64_t *key, uint64_t *val);
 
-/** 64-bit finaliser (MurmurHash3's fmix64 constants), used as the map's hash. */
-static inline uint64_t kvi_bench_mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
 
 #endif

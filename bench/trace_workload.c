@@ -77,12 +77,12 @@ static uint64_t *chunk_alloc(struct kvi_trace_workload *w, size_t n)
 
 static inline uint32_t prompt_token(bool distinct, uint64_t id, uint32_t j)
 {
-    return distinct ? (uint32_t)(kvi_bench_mix64(id * KVI_TRACE_ID_TOKENS + j + 1) & 0x7fffffffu) : (uint32_t)id;
+    return distinct ? (uint32_t)(kvi_fmix64(id * KVI_TRACE_ID_TOKENS + j + 1) & 0x7fffffffu) : (uint32_t)id;
 }
 
 static inline uint32_t output_token(uint32_t req, uint64_t k)
 {
-    return (uint32_t)(kvi_bench_mix64(((uint64_t)req << 32 | k) ^ 0x6f75747075747321ull) & 0x7fffffffu);
+    return (uint32_t)(kvi_fmix64(((uint64_t)req << 32 | k) ^ 0x6f75747075747321ull) & 0x7fffffffu);
 }
 
 /* Prompt tokens available from the ids (a trace may claim more than its ids cover). */
@@ -315,7 +315,7 @@ int kvi_trace_workload_build(struct kvi_trace_workload *w, const struct kvi_trac
     };
     struct entry_vec v = {0};
     for (uint32_t wk = 0; wk < cfg->n_workers; wk++) {
-        mc.hash_seed = kvi_bench_mix64(cfg->seed * 0x100000001b3ull + wk + 1);
+        mc.hash_seed = kvi_fmix64(cfg->seed * 0x100000001b3ull + wk + 1);
         struct sim_ctx sc = {w, &v, wk};
         struct kvi_mock_engine *eng = kvi_mock_create(&mc, on_event, &sc);
         if (eng == NULL)

@@ -20,6 +20,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/** MurmurHash3's 64-bit finaliser: a bijective mix of every input bit into
+ * every output bit. Not a block hash (XXH3 below is); for table positions,
+ * prefix-key steps and seeds. */
+static inline uint64_t kvi_fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
 #define KVI_HASH_SEED 1337ull
 
 /**

@@ -162,11 +162,11 @@ void kvi_index_reclaim_end(struct kvi_index *ix, uint32_t part)
 static uint64_t inst_hash(uint64_t id, const char *name)
 {
     if (name == NULL)
-        return fmix64(id ^ 0x5bd1e9955bd1e995ull) | 1;
+        return kvi_fmix64(id ^ 0x5bd1e9955bd1e995ull) | 1;
     uint64_t h = 0xcbf29ce484222325ull;
     for (const unsigned char *s = (const unsigned char *)name; *s; s++)
         h = (h ^ *s) * 0x100000001b3ull;
-    return fmix64(h) & ~1ull; /* string and numeric spaces never meet */
+    return kvi_fmix64(h) & ~1ull; /* string and numeric spaces never meet */
 }
 
 static bool inst_matches(const struct kvi_instance *in, uint64_t id, const char *name)
@@ -362,9 +362,9 @@ struct kvi_index *kvi_index_create(const struct kvi_index_config *cfg)
     ix->n_parts = cfg->n_parts;
     atomic_store(&ix->jump, cfg->jump ? cfg->jump : KVI_DEFAULT_JUMP);
     uint64_t seed = cfg->key_seed ? cfg->key_seed : random_u64();
-    ix->kseed = fmix64(seed ^ 0x243f6a8885a308d3ull);
-    ix->kxor = fmix64(seed + 0x13198a2e03707344ull);
-    ix->tseed = fmix64(seed ^ 0xa4093822299f31d0ull);
+    ix->kseed = kvi_fmix64(seed ^ 0x243f6a8885a308d3ull);
+    ix->kxor = kvi_fmix64(seed + 0x13198a2e03707344ull);
+    ix->tseed = kvi_fmix64(seed ^ 0xa4093822299f31d0ull);
     pthread_mutex_init(&ix->inst_lock, NULL);
     pthread_mutex_init(&ix->slot_lock, NULL);
     atomic_store(&ix->n_slot_ids, 1); /* slot id 0 is KVI_NONE */

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/hash.h"
 #include "engine/index_internal.h"
 
 #define PHI 0x9e3779b97f4a7c15ull
@@ -22,19 +23,10 @@
 
 /* ---- hashing ---------------------------------------------------------------- */
 
-static inline uint64_t fmix64(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 33;
-    return k;
-}
 
 static inline uint64_t key_step(const struct kvi_index *ix, uint64_t prev, uint64_t content, uint32_t pos)
 {
-    return prev + fmix64((content ^ ix->kxor) + (uint64_t)(pos + 1) * PHI);
+    return prev + kvi_fmix64((content ^ ix->kxor) + (uint64_t)(pos + 1) * PHI);
 }
 
 /* ---- memory accounting and retirement (engine/index.c) ---------------------- */
@@ -79,7 +71,7 @@ enum tab_kind { TAB_KEY, TAB_SEQ, TAB_MAP };
  * hashes): mixed with the index's secret table seed. */
 static inline uint32_t tab_tag(const struct kvi_index *ix, uint64_t key)
 {
-    return (uint32_t)(fmix64(key ^ ix->tseed) >> 32);
+    return (uint32_t)(kvi_fmix64(key ^ ix->tseed) >> 32);
 }
 
 /* Table tag of a prefix key: its top half. K is already a mix under the

@@ -83,7 +83,7 @@ static inline uint64_t seq_next(uint64_t prev_seq, uint64_t content)
  * through the seq table (has_seq_only) and never compute this key. */
 static inline uint64_t seq_stand_in_key(const struct kvi_index *ix, uint64_t seq)
 {
-    return fmix64(seq ^ ix->kxor) ^ 0x8000000000000001ull;
+    return kvi_fmix64(seq ^ ix->kxor) ^ 0x8000000000000001ull;
 }
 
 /* Prefix key of block i of a run at position pos (seq hash sq), continuing
@@ -152,7 +152,7 @@ static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t par
     memset(set, 0, cap * sizeof(uint64_t));
     bool zero = has_parent && parent_eh == 0;
     if (has_parent && !zero)
-        (void)dup_add(set, cap - 1, (uint32_t)fmix64(parent_eh), parent_eh);
+        (void)dup_add(set, cap - 1, (uint32_t)kvi_fmix64(parent_eh), parent_eh);
     const struct eh_view ehv = run_eh_view(r);
     for (size_t i = 0; i < n; i++) {
         uint64_t v = eh_at(ehv, i);
