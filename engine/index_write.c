@@ -225,18 +225,8 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
         }
         uint32_t idx = p->n_free > 0 ? p->free_idx[--p->n_free] : p->next_fresh++;
         struct kvi_entry *e = kvi__entry(p, idx);
-        e->key = rk[i];
-        e->pos = pos0 + (uint32_t)i;
-        atomic_store_explicit(&e->gpu_n, gpu, memory_order_relaxed);
-        atomic_store_explicit(&e->one, one, memory_order_relaxed);
-        atomic_store_explicit(&e->mv, r->b[i].engine_hash, memory_order_relaxed);
-        e->up = prev;
-        e->seq = rs[i];
-        e->content = r->b[i].content_hash;
-        atomic_store_explicit(&e->first_child, KVI_NONE, memory_order_relaxed);
-        atomic_store_explicit(&e->next_sibling, KVI_NONE, memory_order_relaxed);
-        e->prev_sibling = KVI_NONE;
-        e->ktag = kt[i];
+        entry_fill(e, rk[i], kt[i], rs[i], r->b[i].content_hash, pos0 + (uint32_t)i, prev, one, gpu,
+                   r->b[i].engine_hash);
         atomic_store_explicit(&p->wgen, ++wgen, memory_order_relaxed); /* G1 */
         atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5: pe has no other child */
         tab_insert_raw(ktab, kt[i], idx);                                 /* W1 */
