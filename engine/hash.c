@@ -3,10 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "engine/common.h"
+#include "engine/hash_impl.h"
 
 /* Token ids are hashed as little-endian u32; x86-64 and arm64 are LE. */
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -78,8 +76,7 @@ uint64_t kvi_hash_block_mm(const uint32_t *tokens, size_t n, const uint64_t *mm,
 
 uint64_t kvi_seq_hash_next(uint64_t prev_seq, uint64_t content)
 {
-    uint64_t buf[2] = {prev_seq, content};
-    return XXH3_64bits_withSeed(buf, sizeof buf, KVI_HASH_SEED);
+    return kvi__seq_step(prev_seq, content);
 }
 
 void kvi_seq_hashes(const uint64_t *content, size_t n, uint64_t *out)

@@ -9,11 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/hash.h"
+#include "engine/hash_impl.h"
 #include "engine/index_impl.h"
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #define PF_DIST 8 /* prefetch distance, blocks */
 
@@ -67,16 +64,6 @@ static inline uint64_t eh_at(struct eh_view v, size_t i)
     return v.base[i * v.stride];
 }
 
-/* kvi_seq_hash_next (engine/hash.c) inlined into the store's key loop: the
- * 16-byte XXH3 with its constant seed folds to a dozen instructions, and the
- * chain no longer goes through a call and a stack buffer per block.
- * measured (kvidx-bench micro, callgrind --seqs 256, pre-sized store):
- * 312 -> 303 instructions per block (thread time within noise). */
-static inline uint64_t seq_next(uint64_t prev_seq, uint64_t content)
-{
-    uint64_t buf[2] = {prev_seq, content};
-    return XXH3_64bits_withSeed(buf, sizeof buf, KVI_HASH_SEED);
-}
 
 /* Stand-in prefix key of an entry placed by its seq hash alone. Its content
  * chain is unknown, so content queries of an index holding such entries go
@@ -320,7 +307,11 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         if (seq != NULL)
             sq = seq[i];
         else
-            sq = pos == 0 ? r->b[i].content_hash : seq_next(sq, r->b[i].content_hash);
+            /* the seq step inlined (engine/hash_impl.h): the 16-byte XXH3 with
+             * its constant seed folds to a dozen instructions, without a call
+             * and a stack buffer per block. measured (micro, callgrind --seqs
+             * 256, pre-sized store): 312 -> 303 instructions per block */
+            sq = pos == 0 ? r->b[i].content_hash : kvi__seq_step(sq, r->b[i].content_hash);
         rs[i] = sq;
         k = seq_only && i == 0 ? seq_stand_in_key(ix, sq) : run_key(ix, r, k, i, pos, sq);
         rk[i] = k;
