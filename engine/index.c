@@ -364,6 +364,7 @@ struct kvi_index *kvi_index_create(const struct kvi_index_config *cfg)
     uint64_t seed = cfg->key_seed ? cfg->key_seed : random_u64();
     ix->kseed = kvi_fmix64(seed ^ 0x243f6a8885a308d3ull);
     ix->kxor = kvi_fmix64(seed + 0x13198a2e03707344ull);
+    ix->kmul = kvi_fmix64(seed ^ 0x082efa98ec4e6c89ull);
     ix->tseed = kvi_fmix64(seed ^ 0xa4093822299f31d0ull);
     pthread_mutex_init(&ix->inst_lock, NULL);
     pthread_mutex_init(&ix->slot_lock, NULL);

@@ -24,9 +24,14 @@
 /* ---- hashing ---------------------------------------------------------------- */
 
 
+/* K[pos] from K[pos-1] = prev (engine/index.h, WHAT IT STORES): one 64x64 ->
+ * 128-bit multiply of the content under one secret by the position under
+ * another, folded. The position operand is odd, so never 0.
+ * measured (1,024-block chains, one thread): 1.13-1.14 ns per key with
+ * fmix64((content ^ s1) + (pos + 1) * phi) before, 0.66-0.69 ns with this. */
 static inline uint64_t key_step(const struct kvi_index *ix, uint64_t prev, uint64_t content, uint32_t pos)
 {
-    return prev + kvi_fmix64((content ^ ix->kxor) + (uint64_t)(pos + 1) * PHI);
+    return prev + kvi_mum64(content ^ ix->kxor, ((uint64_t)(pos + 1) * PHI ^ ix->kmul) | 1);
 }
 
 /* ---- memory accounting and retirement (engine/index.c) ---------------------- */
@@ -75,7 +80,7 @@ static inline uint32_t tab_tag(const struct kvi_index *ix, uint64_t key)
 }
 
 /* Table tag of a prefix key: its top half. K is already a mix under the
- * index's secrets (key_step sums fmix64 outputs; stand-in keys are fmix64 of
+ * index's secrets (key_step sums folded products; stand-in keys are fmix64 of
  * a secret xor), so mixing it again adds nothing.
  * measured (kvidx-bench micro --replay, callgrind, stores and removes):
  * 1,263.5 M -> 1,248.9 M instructions; queries save one fmix64 per probe. */

@@ -204,6 +204,7 @@ struct kvi_index {
     _Atomic uint32_t jump;
     uint64_t kseed;  /* K[-1] */
     uint64_t kxor;   /* content mixing secret */
+    uint64_t kmul;   /* position mixing secret */
     uint64_t tseed;  /* table position seed */
 
     /* slots: chunked, never move; readers index them by id */

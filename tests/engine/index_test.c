@@ -2383,15 +2383,12 @@ static void test_prefix_keys_match_definition(void **state)
     }
     c[3] = 0;
     c[4] = UINT64_MAX;
+    c[5] = ix->kxor; /* the content operand of the step is 0 */
     uint64_t k = ix->kseed;
     for (size_t i = 0; i < N; i++) {
-        uint64_t x = (c[i] ^ ix->kxor) + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull;
-        x ^= x >> 33;
-        x *= 0xff51afd7ed558ccdull;
-        x ^= x >> 33;
-        x *= 0xc4ceb9fe1a85ec53ull;
-        x ^= x >> 33;
-        want[i] = k += x;
+        uint64_t b = (((uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull) ^ ix->kmul) | 1;
+        unsigned __int128 x = (unsigned __int128)(c[i] ^ ix->kxor) * b;
+        want[i] = k += (uint64_t)x ^ (uint64_t)(x >> 64);
     }
     for (size_t n = 0; n <= 70; n++) {
         memset(got, 0, N * sizeof *got);
@@ -2405,6 +2402,67 @@ static void test_prefix_keys_match_definition(void **state)
     free(c);
     free(got);
     free(want);
+    kvi_index_destroy(ix);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Structured content hashes (small integers, single bits, all ones but one
+ * bit: what a client hashing with something weaker than XXH3 might send) give
+ * distinct prefix keys: the 4.1 M chains of 3 blocks over 160 such values
+ * all end in different keys, and the keys' top bits (table tags and home
+ * slots) spread evenly. A step that is linear, or whose low bits ignore high input bits,
+ * fails this: chains that differ by small amounts at two depths cancel. */
+static void test_prefix_keys_structured_contents(void **state)
+{
+    (void)state;
+    struct kvi_index_config ic = {.block_size = 16, .n_parts = 1, .key_seed = 11};
+    struct kvi_index *ix = kvi_index_create(&ic);
+    assert_non_null(ix);
+    enum { V = 160 };
+    uint64_t val[V];
+    for (size_t i = 0; i < 64; i++)
+        val[i] = i; /* small integers */
+    for (size_t i = 0; i < 58; i++)
+        val[64 + i] = 1ull << (i + 6); /* single bits above them */
+    for (size_t i = 0; i < 7; i++)
+        val[122 + i] = (uint64_t)(2 * i + 3) << 56; /* top bits only */
+    for (size_t i = 0; i < 31; i++)
+        val[129 + i] = ~(1ull << (2 * i)); /* all ones but one bit */
+    for (size_t i = 0; i < V; i++)
+        for (size_t j = 0; j < i; j++)
+            assert_true(val[i] != val[j]);
+    size_t n = (size_t)V * V * V;
+    uint64_t *keys = malloc(n * sizeof *keys);
+    assert_non_null(keys);
+    size_t m = 0;
+    for (size_t a = 0; a < V; a++)
+        for (size_t b = 0; b < V; b++)
+            for (size_t c = 0; c < V; c++) {
+                uint64_t ch[3] = {val[a], val[b], val[c]}, k[3];
+                kvi_index_prefix_keys(ix, ch, 3, k);
+                keys[m++] = k[2];
+            }
+    qsort(keys, n, sizeof *keys, cmp_u64);
+    for (size_t i = 1; i < n; i++)
+        assert_true(keys[i] != keys[i - 1]);
+    /* tags: 4.1 M keys in 2^16 buckets by their top 16 bits, each near 62.5 */
+    uint32_t *bucket = calloc(1u << 16, sizeof *bucket);
+    assert_non_null(bucket);
+    for (size_t i = 0; i < n; i++)
+        bucket[keys[i] >> 48]++;
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (size_t i = 0; i < (1u << 16); i++) {
+        lo = bucket[i] < lo ? bucket[i] : lo;
+        hi = bucket[i] > hi ? bucket[i] : hi;
+    }
+    assert_true(lo >= 20 && hi <= 120); /* Poisson(62.5): 6 sigma is 15..110 */
+    free(bucket);
+    free(keys);
     kvi_index_destroy(ix);
 }
 
@@ -2473,6 +2531,7 @@ int main(void)
         cmocka_unit_test(test_dump_and_clear_emptied_slot),
         cmocka_unit_test(test_create_invalid),
         cmocka_unit_test(test_prefix_keys_match_definition),
+        cmocka_unit_test(test_prefix_keys_structured_contents),
         cmocka_unit_test(test_reclaim_trims_scratch),
         cmocka_unit_test(test_s01_store_then_find),
         cmocka_unit_test(test_s02_partial_match),
