@@ -106,11 +106,40 @@ void kvi_ix__tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, 
     struct kvi_tab *nt = tab_new(cap);
     part_account(p, (int64_t)tab_bytes(nt));
     if (old != NULL) {
-        for (uint32_t i = 0; i <= old->mask; i++) {
-            uint64_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
-            if (s != 0 && (uint32_t)s != KVI_TOMB)
-                tab_insert_raw(nt, (uint32_t)(s >> 32), (uint32_t)s);
+        /* Live slots are first gathered without a branch, a block of old
+         * slots at a time: a shrinking table mixes live slots, tombstones
+         * and empty ones at random, and testing each slot mispredicted
+         * about every other one. Then each is placed as tab_insert_raw
+         * would (no tombstones in nt), with the sizes in registers and the
+         * counts kept once.
+         * measured (a harness storing the micro shape, then removing every
+         * sequence tail first): the scan of the 2 M-slot prefix-key table
+         * when it shrinks to 512 k took 12.2 ms of the rehash's 14.7 ms
+         * (5.8 ns per slot); that rehash now takes 5.2-5.3 ms, the growth
+         * to 2 M slots 8.9-9.1 -> 7.5-8.2 ms; removal 99-104 -> 85-90 ns
+         * per block, cold store 145-176 -> 133-140 ns per block. */
+        const uint32_t omask = old->mask, nmask = nt->mask, nshift = nt->shift;
+        uint32_t moved = 0;
+        uint64_t live[256];
+        for (uint64_t base = 0; base <= omask; base += KVI_ARRAY_LEN(live)) {
+            uint32_t end = (uint32_t)(base + KVI_ARRAY_LEN(live) <= (uint64_t)omask + 1 ? base + KVI_ARRAY_LEN(live)
+                                                                                      : (uint64_t)omask + 1);
+            uint32_t c = 0;
+            for (uint32_t i = (uint32_t)base; i < end; i++) {
+                uint64_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
+                live[c] = s;
+                c += (s != 0) & ((uint32_t)s != KVI_TOMB);
+            }
+            for (uint32_t k = 0; k < c; k++) {
+                uint64_t s = live[k];
+                uint32_t j = (uint32_t)(((s >> 32) << 32) >> nshift) & nmask; /* tab_home */
+                while (atomic_load_explicit(&nt->s[j], memory_order_relaxed) != 0)
+                    j = (j + 1) & nmask;
+                atomic_store_explicit(&nt->s[j], s, memory_order_relaxed); /* published below (W3) */
+            }
+            moved += c;
         }
+        nt->used = nt->live = moved;
     }
     atomic_store_explicit(&tb->t, nt, memory_order_release); /* W3 */
     if (old != NULL) {
