@@ -293,8 +293,8 @@ static inline bool entry_no_content(const struct kvi_entry *e)
     return (e->up & KVI_UP_NO_CONTENT) != 0;
 }
 
-/* Allocate entry chunk c (zeroed, pages faulted in, when `touch`). Writer. */
-void kvi_ix__chunk_alloc(struct kvi_part *p, uint32_t c, bool touch);
+/* Allocate entry chunk c, its pages faulted in (not zeroed). Writer. */
+void kvi_ix__chunk_alloc(struct kvi_part *p, uint32_t c);
 
 static inline uint32_t entry_alloc(struct kvi_part *p)
 {
@@ -307,7 +307,7 @@ static inline uint32_t entry_alloc(struct kvi_part *p)
     if (c >= KVI_ENTRY_CHUNKS_MAX)
         kvi_die("partition entry space exhausted (%u chunks)", c);
     if (KVI_UNLIKELY(atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL))
-        kvi_ix__chunk_alloc(p, c, false);
+        kvi_ix__chunk_alloc(p, c);
     p->next_fresh++;
     return idx;
 }

@@ -8,7 +8,6 @@
  * engine/index_write.c.
  */
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 
 #include "engine/index_impl.h"
@@ -56,11 +55,26 @@ static void *huge_map(size_t len)
  * -> 5.6-6.1 us); kvidx-bench micro cold store 167.4 / 211.6 -> 143.7 /
  * 137.0 ns per block.
  */
-/* Write (a zero) into every page of zeroed memory, so that no page of it is
- * first read (see tab_new). Volatile: a compiler turns malloc + memset into
- * calloc, and calloc leaves fresh pages untouched. */
+/* Fault every page of mem in writable (its content unchanged: zeroed table
+ * memory, or entry chunks that are written whole before use), so that no
+ * page is first read (see tab_new) and the faults are taken in one system
+ * call rather than one trap per 4 KiB page: MADV_POPULATE_WRITE (Linux
+ * 5.14) for the whole pages, a write to the partial ones. Where the kernel
+ * refuses it, writes a zero into every page (volatile: a compiler turns
+ * malloc + memset into calloc, and calloc leaves fresh pages untouched).
+ * measured (the cold-store harness, 4 interleaved runs each): cold store
+ * 133.9-138.2 -> 121.7-123.6 ns per block (131.6-131.8 for tables alone);
+ * kvidx-bench micro cold store, 5 interleaved runs, median 138.9 -> 125.6. */
 static void write_pages(void *mem, size_t bytes)
 {
+    uintptr_t a = ((uintptr_t)mem + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)mem + bytes) & ~(uintptr_t)4095;
+    if (e > a && madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0) {
+        if (a != (uintptr_t)mem)
+            ((volatile char *)mem)[0] = 0;
+        if (e != (uintptr_t)mem + bytes)
+            ((volatile char *)mem)[bytes - 1] = 0;
+        return;
+    }
     for (size_t o = 0; o < bytes; o += 4096)
         ((volatile char *)mem)[o] = 0;
 }
@@ -434,14 +448,13 @@ static bool entry_empty(const struct kvi_entry *e)
 /* Allocate entry chunk c. Not zeroed unless `touch` (kvi_index_reserve: fault
  * its pages in now): entry_new initialises every entry before it is
  * published, and only entries below next_fresh are ever looked at. Writer. */
-void kvi_ix__chunk_alloc(struct kvi_part *p, uint32_t c, bool touch)
+void kvi_ix__chunk_alloc(struct kvi_part *p, uint32_t c)
 {
     size_t bytes = (size_t)KVI_ENTRY_CHUNK * sizeof(struct kvi_entry);
     struct kvi_entry *chunk = aligned_alloc(KVI_CACHE_LINE, bytes);
     if (chunk == NULL)
         kvi_die("out of memory for an entry chunk");
-    if (touch)
-        memset(chunk, 0, bytes);
+    write_pages(chunk, bytes); /* entries are written whole before they are published */
     part_account(p, (int64_t)bytes);
     atomic_store_explicit(&p->chunks[c], chunk, memory_order_release);
     if (c + 1 > p->n_chunks)

@@ -200,7 +200,7 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
             kvi_die("partition entry space exhausted (%llu chunks)", (unsigned long long)(last >> KVI_ENTRY_CHUNK_SHIFT) + 1);
         for (uint32_t c = p->next_fresh >> KVI_ENTRY_CHUNK_SHIFT; c <= (uint32_t)(last >> KVI_ENTRY_CHUNK_SHIFT); c++)
             if (KVI_UNLIKELY(atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL))
-                kvi_ix__chunk_alloc(p, c, false);
+                kvi_ix__chunk_alloc(p, c);
     }
     struct kvi_entry *pe = kvi__entry(p, prev);
     for (size_t i = from; i < n; i++) {
@@ -514,7 +514,7 @@ int kvi_index_reserve(struct kvi_index *ix, uint32_t part, uint64_t entries)
     uint32_t last = (uint32_t)((entries + KVI_ENTRY_CHUNK) >> KVI_ENTRY_CHUNK_SHIFT); /* chunks needed */
     for (uint32_t c = 0; c < last; c++)
         if (atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL)
-            kvi_ix__chunk_alloc(p, c, true);
+            kvi_ix__chunk_alloc(p, c);
     return 0;
 }
 
