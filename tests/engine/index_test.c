@@ -2271,6 +2271,103 @@ static void test_store_rename_then_reuse_name(void **state)
     kvi_index_destroy(ix);
 }
 
+/* Depth of the match for the 2-block sequence q of
+ * test_tables_shrink_and_regrow (0: none). */
+static uint32_t shrink_depth(struct kvi_index *ix, uint32_t q)
+{
+    uint64_t c[2] = {0x5100000000ull + 2 * q, 0x5100000001ull + 2 * q};
+    struct kvi_match m[2];
+    kvi_rcu_read_lock();
+    size_t r = kvi_index_find_matches(ix, c, 2, m, 2);
+    kvi_rcu_read_unlock();
+    assert_true(r <= 1);
+    return r ? m[0].depth : 0;
+}
+
+/*
+ * Tables shrink as blocks go and grow again as they come back, and every
+ * rehash keeps every live slot: one worker stores 3,000 two-block
+ * sequences, removes them in a shuffled order (each root removal takes its
+ * child along), checking every sequence's answer after each tenth, then
+ * stores them all again. The key table and the slot map must have shrunk
+ * (tombstone-heavy tables: the rehash gathers live slots among tombstones and
+ * empty ones in blocks of 256, and small tables are shorter than a block).
+ */
+static void test_tables_shrink_and_regrow(void **state)
+{
+    (void)state;
+    struct kvi_index_config cfg = {.block_size = 16, .n_parts = 1, .key_seed = 21};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    uint32_t w = (uint32_t)kvi_index_intern_instance(ix, 1, NULL, false);
+    struct kvi_part *p = &ix->parts[0];
+    enum { Q = 3000 };
+    uint32_t *order = malloc(Q * sizeof *order);
+    bool *gone = calloc(Q, sizeof *gone);
+    assert_non_null(order);
+    assert_non_null(gone);
+    for (int round = 0; round < 2; round++) {
+        for (uint32_t q = 0; q < Q; q++) {
+            struct kvi_block b[2] = {{0xe000000000ull + 2 * q, 0x5100000000ull + 2 * q},
+                                     {0xe000000001ull + 2 * q, 0x5100000001ull + 2 * q}};
+            assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, 2), 0);
+            gone[q] = false;
+        }
+        uint32_t kcap_full = atomic_load(&p->ktab.t)->mask + 1;
+        struct kvi_index_stats st;
+        kvi_index_stats(ix, &st);
+        assert_int_equal(st.entries, 2 * Q);
+        uint64_t rng = 77 + (uint64_t)round;
+        for (uint32_t q = 0; q < Q; q++)
+            order[q] = q;
+        for (uint32_t q = Q - 1; q > 0; q--) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t j = (uint32_t)((rng >> 33) % (q + 1)), t = order[q];
+            order[q] = order[j];
+            order[j] = t;
+        }
+        uint32_t kcap_min = kcap_full;
+        for (uint32_t k = 0; k < Q; k++) {
+            uint64_t root = 0xe000000000ull + 2 * order[k];
+            assert_int_equal(kvi_index_remove(ix, w, 0, KVI_TIER_GPU, &root, 1), 1);
+            gone[order[k]] = true;
+            struct kvi_tab *kt = atomic_load(&p->ktab.t);
+            if (kt != NULL && kt->mask + 1 < kcap_min)
+                kcap_min = kt->mask + 1;
+            if ((k + 1) % (Q / 10) == 0 || Q - k < 20) {
+                kvi_index_reclaim(ix, 0);
+                kvi_index_stats(ix, &st);
+                assert_int_equal(st.entries, 2 * (uint64_t)(Q - k - 1));
+                for (uint32_t q = 0; q < Q; q++)
+                    assert_int_equal(shrink_depth(ix, q), gone[q] ? 0 : 2);
+            }
+        }
+        assert_true(kcap_min * 16 <= kcap_full); /* the key table shrank, more than once */
+    }
+    /* the slot map shrank too: all but 3 sequences gone */
+    for (uint32_t q = 0; q < Q; q++) {
+        struct kvi_block b[2] = {{0xe000000000ull + 2 * q, 0x5100000000ull + 2 * q},
+                                 {0xe000000001ull + 2 * q, 0x5100000001ull + 2 * q}};
+        assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, 2), 0);
+    }
+    uint32_t sid = 0;
+    for (uint32_t id = 1; id < atomic_load(&ix->n_slot_ids); id++)
+        if (kvi__slot(ix, id)->instance == w)
+            sid = id;
+    assert_int_not_equal(sid, 0);
+    uint32_t mcap_full = atomic_load(&kvi__slot(ix, sid)->map.t)->mask + 1;
+    for (uint32_t q = 3; q < Q; q++) {
+        uint64_t root = 0xe000000000ull + 2 * q;
+        assert_int_equal(kvi_index_remove(ix, w, 0, KVI_TIER_GPU, &root, 1), 1);
+    }
+    assert_true((atomic_load(&kvi__slot(ix, sid)->map.t)->mask + 1) * 16 <= mcap_full);
+    for (uint32_t q = 0; q < Q; q++)
+        assert_int_equal(shrink_depth(ix, q), q < 3 ? 2 : 0);
+    free(order);
+    free(gone);
+    kvi_index_destroy(ix);
+}
+
 /*
  * Capacity hints: kvi_index_reserve and kvi_index_reserve_slot size the key
  * table, entry storage and a slot's map up front, so that storing that much
@@ -2532,6 +2629,7 @@ int main(void)
         cmocka_unit_test(test_create_invalid),
         cmocka_unit_test(test_prefix_keys_match_definition),
         cmocka_unit_test(test_prefix_keys_structured_contents),
+        cmocka_unit_test(test_tables_shrink_and_regrow),
         cmocka_unit_test(test_reclaim_trims_scratch),
         cmocka_unit_test(test_s01_store_then_find),
         cmocka_unit_test(test_s02_partial_match),
