@@ -2271,6 +2271,14 @@ static void test_store_rename_then_reuse_name(void **state)
     kvi_index_destroy(ix);
 }
 
+/* Worker w stores the 2-block sequence q of test_tables_shrink_and_regrow. */
+static void shrink_store(struct kvi_index *ix, uint32_t w, uint32_t q)
+{
+    struct kvi_block b[2] = {{0xe000000000ull + 2 * q, 0x5100000000ull + 2 * q},
+                             {0xe000000001ull + 2 * q, 0x5100000001ull + 2 * q}};
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, 2), 0);
+}
+
 /* Depth of the match for the 2-block sequence q of
  * test_tables_shrink_and_regrow (0: none). */
 static uint32_t shrink_depth(struct kvi_index *ix, uint32_t q)
@@ -2308,9 +2316,7 @@ static void test_tables_shrink_and_regrow(void **state)
     assert_non_null(gone);
     for (int round = 0; round < 2; round++) {
         for (uint32_t q = 0; q < Q; q++) {
-            struct kvi_block b[2] = {{0xe000000000ull + 2 * q, 0x5100000000ull + 2 * q},
-                                     {0xe000000001ull + 2 * q, 0x5100000001ull + 2 * q}};
-            assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, 2), 0);
+            shrink_store(ix, w, q);
             gone[q] = false;
         }
         uint32_t kcap_full = atomic_load(&p->ktab.t)->mask + 1;
@@ -2345,11 +2351,8 @@ static void test_tables_shrink_and_regrow(void **state)
         assert_true(kcap_min * 16 <= kcap_full); /* the key table shrank, more than once */
     }
     /* the slot map shrank too: all but 3 sequences gone */
-    for (uint32_t q = 0; q < Q; q++) {
-        struct kvi_block b[2] = {{0xe000000000ull + 2 * q, 0x5100000000ull + 2 * q},
-                                 {0xe000000001ull + 2 * q, 0x5100000001ull + 2 * q}};
-        assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, 2), 0);
-    }
+    for (uint32_t q = 0; q < Q; q++)
+        shrink_store(ix, w, q);
     uint32_t sid = 0;
     for (uint32_t id = 1; id < atomic_load(&ix->n_slot_ids); id++)
         if (kvi__slot(ix, id)->instance == w)
