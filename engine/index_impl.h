@@ -24,14 +24,23 @@
 /* ---- hashing ---------------------------------------------------------------- */
 
 
-/* K[pos] from K[pos-1] = prev (engine/index.h, WHAT IT STORES): one 64x64 ->
- * 128-bit multiply of the content under one secret by the position under
- * another, folded. The position operand is odd, so never 0.
+/* The term K[pos] - K[pos-1] (engine/index.h, WHAT IT STORES) of content
+ * hash `content` at the position whose Weyl value is w = (pos + 1) * phi,
+ * under the index's secrets sx (kxor) and sm (kmul): one 64x64 -> 128-bit
+ * multiply of the content under one secret by the position under the other,
+ * folded. The position operand is odd, so never 0. Callers that walk
+ * positions in order keep w as a running sum (kvi_index_prefix_keys).
  * measured (1,024-block chains, one thread): 1.13-1.14 ns per key with
  * fmix64((content ^ s1) + (pos + 1) * phi) before, 0.66-0.69 ns with this. */
+static inline uint64_t key_term(uint64_t content, uint64_t sx, uint64_t w, uint64_t sm)
+{
+    return kvi_mum64(content ^ sx, (w ^ sm) | 1);
+}
+
+/* K[pos] from K[pos-1] = prev. */
 static inline uint64_t key_step(const struct kvi_index *ix, uint64_t prev, uint64_t content, uint32_t pos)
 {
-    return prev + kvi_mum64(content ^ ix->kxor, ((uint64_t)(pos + 1) * PHI ^ ix->kmul) | 1);
+    return prev + key_term(content, ix->kxor, (uint64_t)(pos + 1) * PHI, ix->kmul);
 }
 
 /* ---- memory accounting and retirement (engine/index.c) ---------------------- */
@@ -96,9 +105,14 @@ static inline uint32_t kind_tag(const struct kvi_index *ix, enum tab_kind kind, 
 
 /* A key's home slot is the top bits of its 32-bit tag: a rehash places every
  * slot from its tag alone, without touching the entry the slot points to. */
+static inline uint32_t tab_home_of(uint32_t shift, uint32_t mask, uint32_t tag)
+{
+    return (uint32_t)(((uint64_t)tag << 32) >> shift) & mask;
+}
+
 static inline uint32_t tab_home(const struct kvi_tab *t, uint32_t tag)
 {
-    return (uint32_t)(((uint64_t)tag << 32) >> t->shift) & t->mask;
+    return tab_home_of(t->shift, t->mask, tag);
 }
 
 #define TAB_MAX_LOAD_NUM 3 /* grow past 3/4 used (live + tombstones) */

@@ -13,10 +13,10 @@
 
 /* ---- prefix keys ------------------------------------------------------------ */
 
-/* (A store chains key_step itself, block by block: see run_key.) */
 /* key_step with the secrets in registers (stores to keys[] could alias
  * ix's fields, so the compiler reloaded both every block) and the position
- * term (i + 1) * phi kept as a running sum instead of a multiply.
+ * term (i + 1) * phi kept as a running sum instead of a multiply. (A store
+ * chains key_step itself, block by block: see run_key.)
  * test_prefix_keys_match_definition pins it to the definition.
  * measured (kvidx-bench micro, 1,024 keys, interleaved runs): 1,000-1,002 ns
  * -> 870-962 ns (1,327-1,481 ns with the fmix64 step before). */
@@ -26,7 +26,7 @@ void kvi_index_prefix_keys(const struct kvi_index *ix, const uint64_t *content, 
     uint64_t k = ix->kseed, w = 0;
     for (size_t i = 0; i < n; i++) {
         w += PHI;
-        k += kvi_mum64(content[i] ^ sx, (w ^ sm) | 1);
+        k += key_term(content[i], sx, w, sm);
         keys[i] = k;
     }
 }

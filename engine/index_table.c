@@ -135,18 +135,18 @@ void kvi_ix__tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, 
         const uint32_t omask = old->mask, nmask = nt->mask, nshift = nt->shift;
         uint32_t moved = 0;
         uint64_t live[256];
-        for (uint64_t base = 0; base <= omask; base += KVI_ARRAY_LEN(live)) {
-            uint32_t end = (uint32_t)(base + KVI_ARRAY_LEN(live) <= (uint64_t)omask + 1 ? base + KVI_ARRAY_LEN(live)
-                                                                                      : (uint64_t)omask + 1);
+        const uint64_t n_old = (uint64_t)omask + 1;
+        for (uint64_t base = 0; base < n_old; base += KVI_ARRAY_LEN(live)) {
+            uint64_t end = base + KVI_ARRAY_LEN(live) < n_old ? base + KVI_ARRAY_LEN(live) : n_old;
             uint32_t c = 0;
-            for (uint32_t i = (uint32_t)base; i < end; i++) {
+            for (uint64_t i = base; i < end; i++) {
                 uint64_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
                 live[c] = s;
                 c += (s != 0) & ((uint32_t)s != KVI_TOMB);
             }
             for (uint32_t k = 0; k < c; k++) {
                 uint64_t s = live[k];
-                uint32_t j = (uint32_t)(((s >> 32) << 32) >> nshift) & nmask; /* tab_home */
+                uint32_t j = tab_home_of(nshift, nmask, (uint32_t)(s >> 32));
                 while (atomic_load_explicit(&nt->s[j], memory_order_relaxed) != 0)
                     j = (j + 1) & nmask;
                 atomic_store_explicit(&nt->s[j], s, memory_order_relaxed); /* published below (W3) */
@@ -445,9 +445,10 @@ static bool entry_empty(const struct kvi_entry *e)
 /* (entry_alloc, child_link and entry_new are in engine/index_impl.h: do_store
  * inlines them.) */
 
-/* Allocate entry chunk c. Not zeroed unless `touch` (kvi_index_reserve: fault
- * its pages in now): entry_new initialises every entry before it is
- * published, and only entries below next_fresh are ever looked at. Writer. */
+/* Allocate entry chunk c, its pages faulted in (write_pages) and not zeroed:
+ * entry_new and the store's fresh-tail loop write every entry whole before
+ * it is published, and only entries below next_fresh are ever looked at.
+ * Writer. */
 void kvi_ix__chunk_alloc(struct kvi_part *p, uint32_t c)
 {
     size_t bytes = (size_t)KVI_ENTRY_CHUNK * sizeof(struct kvi_entry);
