@@ -14,6 +14,7 @@
 #include "engine/hash.h"
 #include "engine/index.h"
 #include "engine/rcu.h"
+#include "rcu_group.h"
 
 static void assert_out(const struct kvi_buf *b, const char *want)
 {
@@ -476,18 +477,6 @@ static void test_decode_errors(void **state)
     free(got.v);
 }
 
-static int setup(void **state)
-{
-    kvi_rcu_register_thread();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    kvi_rcu_unregister_thread();
-    return 0;
-}
-
 /* ---- watermarks ------------------------------------------------------------------------ */
 
 struct wms {
@@ -629,5 +618,5 @@ int main(void)
         cmocka_unit_test(test_decode_errors),
         cmocka_unit_test(test_watermarks),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, kvi_test_rcu_setup, kvi_test_rcu_teardown);
 }

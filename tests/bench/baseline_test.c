@@ -13,6 +13,7 @@
 #include "bench/trace_replay.h"
 #include "engine/index.h"
 #include "engine/rcu.h"
+#include "rcu_group.h"
 
 #define NB 3
 static const char *const names[NB] = {"kvidx", "radix-lock", "naive-map"};
@@ -338,20 +339,6 @@ static void test_replay(void **state)
     kvi_trace_free(&t);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    kvi_rcu_register_thread();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvi_rcu_unregister_thread();
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -360,5 +347,5 @@ int main(void)
         cmocka_unit_test(test_same_answers_on_timeline),
         cmocka_unit_test(test_replay),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, kvi_test_rcu_setup, kvi_test_rcu_teardown);
 }

@@ -14,6 +14,7 @@
 #include "engine/index.h"
 #include "engine/rcu.h"
 #include "index_model.h"
+#include "rcu_group.h"
 
 /*
  * DESIGN: every seed builds an index (n_parts and jump vary with the seed), a
@@ -370,9 +371,9 @@ static bool dump_all(struct diff_run *r, struct kvi_index *ix, struct kd_set *ou
                 ok = false;
             }
             km_map_put(&lower, ir, b->position);
-            uint64_t key = km_fmix(ir ^ km_fmix(b->engine_hash ^ km_fmix(b->position + 1ull)));
+            uint64_t key = kvi_fmix64(ir ^ kvi_fmix64(b->engine_hash ^ kvi_fmix64(b->position + 1ull)));
             if (b->has_parent) {
-                uint64_t pk = km_fmix(ir ^ km_fmix(b->parent_engine_hash ^ km_fmix(b->position)));
+                uint64_t pk = kvi_fmix64(ir ^ kvi_fmix64(b->parent_engine_hash ^ kvi_fmix64(b->position)));
                 uint64_t ptier;
                 if (b->position == 0 || !km_map_get(&seen, pk, &ptier)) {
                     fail_header(r, "dump order: a block before its parent");
@@ -540,7 +541,7 @@ static bool check_dump(struct diff_run *r, bool with_replay)
         r->n_replays++;
         static const uint32_t other_parts[] = {3, 1, 2};
         uint32_t p2 = other_parts[r->seed % 3];
-        struct kvi_index *ix2 = new_index(p2, jump_choices[(r->seed + 2) % 5], km_fmix(r->seed) | 1);
+        struct kvi_index *ix2 = new_index(p2, jump_choices[(r->seed + 2) % 5], kvi_fmix64(r->seed) | 1);
         assert_non_null(ix2);
         intern_all(r, ix2);
         ok = replay(r, ix2, &emitted) && dump_all(r, ix2, &again, "replayed") && fill_content(r, &again, "replayed");
@@ -577,9 +578,9 @@ static int run_seed(uint64_t seed, unsigned n_ops, bool verbose)
     r->verbose = verbose;
     r->n_parts = part_choices[seed % 3];
     r->jump = jump_choices[seed % 5];
-    r->qrng.s = km_fmix(seed ^ 0x51ed270b27b8ull);
-    struct kr_rng rng = {km_fmix(seed + 77)};
-    r->ix = new_index(r->n_parts, r->jump, km_fmix(seed * 3 + 1) | 1);
+    r->qrng.s = kvi_fmix64(seed ^ 0x51ed270b27b8ull);
+    struct kr_rng rng = {kvi_fmix64(seed + 77)};
+    r->ix = new_index(r->n_parts, r->jump, kvi_fmix64(seed * 3 + 1) | 1);
     assert_non_null(r->ix);
 
     r->n_inst = 100 + kr_below(&rng, 41);
@@ -600,8 +601,8 @@ static int run_seed(uint64_t seed, unsigned n_ops, bool verbose)
         r->inst[j] = t;
     }
     km_init(&r->m, r->n_inst);
-    kw_corpus_build(&r->corp, km_fmix(seed ^ 0xc0ffee), 48, 40, 3, 100);
-    kw_gen_init(&r->g, km_fmix(seed ^ 0xbeef), &r->corp, r->inst, r->n_inst, 2 + kr_below(&rng, 3), r->n_inst);
+    kw_corpus_build(&r->corp, kvi_fmix64(seed ^ 0xc0ffee), 48, 40, 3, 100);
+    kw_gen_init(&r->g, kvi_fmix64(seed ^ 0xbeef), &r->corp, r->inst, r->n_inst, 2 + kr_below(&rng, 3), r->n_inst);
     r->g.wild = true;
     r->g.known_ops = true;
     r->g.tokenless = true;
@@ -1071,20 +1072,6 @@ static void test_reclaim_before_any_entry_freed(void **state)
     pinned_destroy(ix);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    kvi_rcu_register_thread();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvi_rcu_unregister_thread();
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1099,5 +1086,5 @@ int main(void)
         cmocka_unit_test(test_differential),
         cmocka_unit_test_teardown(test_reclaim_before_any_entry_freed, pinned_teardown), /* fatal under UBSan until fixed: last */
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, kvi_test_rcu_setup, kvi_test_rcu_teardown);
 }

@@ -92,16 +92,6 @@ static inline bool kr_chance(struct kr_rng *r, uint32_t permille)
     return kr_below(r, 1000) < permille;
 }
 
-static inline uint64_t km_fmix(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 33;
-    return k;
-}
-
 static inline void *km_alloc(size_t n)
 {
     void *p = calloc(1, n ? n : 1);
@@ -142,7 +132,7 @@ static inline void km_map_free(struct km_map *mp)
 
 static inline uint32_t km_map_home(const struct km_map *mp, uint64_t key)
 {
-    return (uint32_t)km_fmix(key ^ 0x5851f42d4c957f2dull) & (mp->cap - 1);
+    return (uint32_t)kvi_fmix64(key ^ 0x5851f42d4c957f2dull) & (mp->cap - 1);
 }
 
 static inline bool km_map_find(const struct km_map *mp, uint64_t key, uint32_t *at)
@@ -298,7 +288,7 @@ static inline void km_free(struct km_model *m)
 
 static inline uint32_t km_pf_home(const struct km_model *m, uint32_t parent, uint64_t content)
 {
-    return (uint32_t)km_fmix(content ^ km_fmix(parent + 0x9e3779b97f4a7c15ull)) & (m->pf_tab_cap - 1);
+    return (uint32_t)kvi_fmix64(content ^ kvi_fmix64(parent + 0x9e3779b97f4a7c15ull)) & (m->pf_tab_cap - 1);
 }
 
 /* The id of prefix parent + [content], or KM_ROOT if never interned. */
@@ -1263,10 +1253,10 @@ static inline void kw_gen_remember(struct kw_gen *g, const struct kw_op *op)
 static inline uint64_t kw_name(const struct km_model *m, uint32_t inst, uint32_t rank, uint32_t pid)
 {
     uint64_t seq = m->pf[pid].seq;
-    switch (km_fmix(inst * 0x2545f4914f6cdd1dull + 7) % 3) {
-    case 0: return km_fmix(seq ^ km_fmix(((uint64_t)inst << 20) + rank + 1));
+    switch (kvi_fmix64(inst * 0x2545f4914f6cdd1dull + 7) % 3) {
+    case 0: return kvi_fmix64(seq ^ kvi_fmix64(((uint64_t)inst << 20) + rank + 1));
     case 1: return seq;
-    default: return km_fmix(seq + inst * 0x9e3779b97f4a7c15ull + rank) | (1ull << 63);
+    default: return kvi_fmix64(seq + inst * 0x9e3779b97f4a7c15ull + rank) | (1ull << 63);
     }
 }
 

@@ -16,6 +16,7 @@
 #include "engine/index.h"
 #include "engine/rcu.h"
 #include "index_model.h"
+#include "rcu_group.h"
 
 /*
  * DESIGN: do_store stores the rest of a run in one loop (store_fresh_tail)
@@ -426,7 +427,7 @@ struct r_doc {
  * names, so that re-stores are idempotent unless the op renames. */
 static uint64_t name_of(uint32_t inst, enum kvi_tier tier, uint64_t sq)
 {
-    return km_fmix(sq ^ km_fmix(((uint64_t)inst << 8 | tier) + 0x51ed));
+    return kvi_fmix64(sq ^ kvi_fmix64(((uint64_t)inst << 8 | tier) + 0x51ed));
 }
 
 static void random_seed(uint64_t seed, uint32_t n_ops)
@@ -633,20 +634,6 @@ static void test_concurrent_readers(void **state)
     kvi_index_destroy(c.ix);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    kvi_rcu_register_thread();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvi_rcu_unregister_thread();
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -656,5 +643,5 @@ int main(void)
         cmocka_unit_test_teardown(test_randomized, st_teardown),
         cmocka_unit_test(test_concurrent_readers),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, kvi_test_rcu_setup, kvi_test_rcu_teardown);
 }

@@ -243,7 +243,7 @@ static void *writer_main(void *arg)
     struct writer *w = arg;
     struct shared *sh = w->sh;
     kvi_rcu_register_thread();
-    struct kr_rng rng = {km_fmix(0x5eed + w->part)};
+    struct kr_rng rng = {kvi_fmix64(0x5eed + w->part)};
     /* the stable chains first */
     for (uint32_t i = 0; i < sh->n_stable_ops[w->part]; i++) {
         struct kw_op op = sh->stable_ops[w->part][i];
@@ -305,7 +305,7 @@ static void *reader_main(void *arg)
     struct reader *r = arg;
     struct shared *sh = r->sh;
     struct kvi_match got[MATCH_CAP];
-    struct kr_rng rng = {km_fmix(0xabcdef + r->id)};
+    struct kr_rng rng = {kvi_fmix64(0xabcdef + r->id)};
     kvi_rcu_register_thread();
     while (!atomic_load_explicit(&sh->stop_readers, memory_order_relaxed)) {
         uint32_t k = kr_below(&rng, sh->n_qs);
@@ -484,7 +484,7 @@ static void test_stress(void **state)
             if (kvi_index_partition_of(sh.ix, i) == p && i != PLACER_INST)
                 w[p].inst[w[p].n_inst++] = i;
         km_init(&w[p].m, N_INST);
-        kw_gen_init(&w[p].g, km_fmix(0x77 + p), &sh.corp, w[p].inst, w[p].n_inst, N_RANKS, N_INST);
+        kw_gen_init(&w[p].g, kvi_fmix64(0x77 + p), &sh.corp, w[p].inst, w[p].n_inst, N_RANKS, N_INST);
         w[p].g.corners = false; /* semantic corner cases are index_diff_test's: keep this one about concurrency */
         w[p].g.placements = false;
     }
