@@ -339,25 +339,22 @@ static inline void child_link(struct kvi_part *p, uint32_t parent, uint32_t idx)
     atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5: pairs with R5 (seq_walk) */
 }
 
-/* Write every field of entry e, not yet published: prefix key `key` (table
- * tag ktag), seq hash, content hash, depth, `up` word, no children, and the
- * single member `one` (KVI_NONE: none yet) with its gpu count and engine hash
- * mv. Writer. */
-static inline void entry_fill(struct kvi_entry *e, uint64_t key, uint32_t ktag, uint64_t seq, uint64_t content,
-                              uint32_t pos, uint32_t up, uint32_t one, uint32_t gpu_n, uint64_t mv)
+/* Write every field of entry e, not yet published: prefix key `key`, seq
+ * hash, content hash, depth, `up` word, no children, and the single member
+ * `one` (KVI_NONE: none yet) with its engine hash mv. Writer. */
+static inline void entry_fill(struct kvi_entry *e, uint64_t key, uint64_t seq, uint64_t content, uint32_t pos,
+                              uint32_t up, uint32_t one, uint64_t mv)
 {
     e->key = key;
-    e->pos = pos;
-    atomic_store_explicit(&e->gpu_n, gpu_n, memory_order_relaxed);
-    atomic_store_explicit(&e->one, one, memory_order_relaxed);
     atomic_store_explicit(&e->mv, mv, memory_order_relaxed);
-    e->up = up;
-    e->seq = seq;
-    e->content = content;
+    atomic_store_explicit(&e->one, one, memory_order_relaxed);
+    e->pos = pos;
     atomic_store_explicit(&e->first_child, KVI_NONE, memory_order_relaxed);
     atomic_store_explicit(&e->next_sibling, KVI_NONE, memory_order_relaxed);
+    e->seq = seq;
+    e->content = content;
+    e->up = up;
     e->prev_sibling = KVI_NONE;
-    e->ktag = ktag;
 }
 
 /* A new entry for prefix key `key` (table tag ktag) and seq hash `seq`
@@ -368,7 +365,7 @@ static inline uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint6
 {
     uint32_t idx = entry_alloc(p);
     struct kvi_entry *e = kvi__entry(p, idx);
-    entry_fill(e, key, ktag, seq, content, pos, parent | (no_content ? KVI_UP_NO_CONTENT : 0), KVI_NONE, 0, 0);
+    entry_fill(e, key, seq, content, pos, parent | (no_content ? KVI_UP_NO_CONTENT : 0), KVI_NONE, 0);
     if (parent != KVI_NONE)
         child_link(p, parent, idx);
     struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};

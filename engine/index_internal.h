@@ -58,10 +58,12 @@ static inline uint8_t kvi__member_tier(uint64_t w) { return (uint8_t)(w >> 32); 
  * reader racing with both sees every member that stayed. Arrays are replaced
  * copy-on-write only to grow or to shrink. */
 struct kvi_mset {
-    _Atomic uint32_t n; /* R: positions in use (live and free) */
+    _Atomic uint32_t n;     /* R: positions in use (live and free) */
     uint32_t cap;
-    uint32_t live;      /* live members (writer only) */
-    uint32_t _pad;
+    uint32_t live;          /* live members (writer only) */
+    _Atomic uint32_t gpu_n; /* R: live members on the gpu tier: raised (release) after a member is
+                             * added, lowered before one is removed, so that a reader never counts
+                             * more gpu members than the array holds */
     struct kvi_member m[];
 };
 
@@ -71,8 +73,10 @@ struct kvi_mset {
                                                         * (key is a seq-derived stand-in) */
 
 /*
- * One distinct prefix. 64 bytes: one cache line. Fields marked R are read by
- * queries; the others are private to the partition's writer.
+ * One distinct prefix. 56 bytes; the fields queries read come first, so
+ * that an entry's first 24 bytes lie in one cache line for three entries in
+ * four. Fields marked R are read by queries; the others are private to the
+ * partition's writer.
  *
  * Members: while the entry has had at most one member, `one` is that
  * member's slot (| KVI_ROOT_BIT) or KVI_NONE, and `mv` is its engine hash
@@ -80,6 +84,9 @@ struct kvi_mset {
  * the rest of the entry's life and `mv` holds the struct kvi_mset pointer,
  * published before `one` says so (readers load `one` first, with acquire).
  * Sharing the word saves the 8 bytes the sibling list's back link uses.
+ * The number of gpu members (the jump search's cardinality) is not stored:
+ * a single member's slot tier says it, an array keeps it (kvi_mset.gpu_n).
+ * The key's table tag is not stored either: it is the key's top half.
  *
  * Children form a doubly linked list: readers (seq walks) follow first_child
  * and next_sibling only; prev_sibling lets the writer unlink a child in O(1)
@@ -88,21 +95,20 @@ struct kvi_mset {
  */
 struct kvi_entry {
     uint64_t key;                  /* R: prefix key K, immutable while published */
-    uint32_t pos;                  /* R: depth, immutable */
-    _Atomic uint32_t gpu_n;        /* R: gpu members (release by writer) */
-    _Atomic uint32_t one;          /* R: the single member's slot | KVI_ROOT_BIT, KVI_NONE, or
-                                    * KVI_MANY_BIT (members in mv) */
-    uint32_t up;                   /* parent entry (KVI_NONE at a root) | KVI_UP_NO_CONTENT */
     _Atomic uint64_t mv;           /* R: struct kvi_mset * when one == KVI_MANY_BIT; else the
                                     * single member's engine hash (writer only) */
-    uint64_t seq;                  /* R (by seq): standard seq hash, immutable */
-    uint64_t content;              /* content hash (0 while no_content) */
+    _Atomic uint32_t one;          /* R: the single member's slot | KVI_ROOT_BIT, KVI_NONE, or
+                                    * KVI_MANY_BIT (members in mv) */
+    uint32_t pos;                  /* R: depth, immutable */
     _Atomic uint32_t first_child;  /* R (seq walks): children, linked with release */
     _Atomic uint32_t next_sibling; /* R (seq walks) */
+    uint64_t seq;                  /* R (by seq): standard seq hash, immutable */
+    uint64_t content;              /* content hash (0 while no_content) */
+    uint32_t up;                   /* parent entry (KVI_NONE at a root) | KVI_UP_NO_CONTENT */
     uint32_t prev_sibling;         /* previous child of the parent (KVI_NONE: first) */
-    uint32_t ktag;                 /* the key's table tag (writer: deletes without rehashing) */
 };
-_Static_assert(sizeof(struct kvi_entry) == KVI_CACHE_LINE, "entry is one cache line");
+#define KVI_ENTRY_BYTES 56
+_Static_assert(sizeof(struct kvi_entry) == KVI_ENTRY_BYTES, "entry layout");
 _Static_assert(((KVI_SLOT_CHUNKS_MAX << KVI_SLOT_CHUNK_SHIFT) - 1) <= KVI_SLOT_MASK, "slot ids fit KVI_SLOT_MASK");
 
 /* The member array of an entry whose `one` reads KVI_MANY_BIT. */

@@ -239,6 +239,18 @@ static inline struct kvi_mset *entry_members(const struct kvi_entry *e, uint32_t
     return o == KVI_MANY_BIT ? kvi__mset(e, memory_order_acquire) : NULL;
 }
 
+/* How many gpu members e has (the jump search's cardinality): an array's
+ * count, or whether the single member's slot is on the gpu tier. Reader
+ * (acquire: R2). */
+static inline uint32_t gpu_count(const struct kvi_index *ix, const struct kvi_entry *e)
+{
+    uint32_t one;
+    struct kvi_mset *ms = entry_members(e, &one);
+    if (ms != NULL)
+        return atomic_load_explicit(&ms->gpu_n, memory_order_acquire); /* R2 */
+    return one != KVI_NONE && kvi__slot(ix, one)->tier == KVI_TIER_GPU;
+}
+
 /* Tier under which slot s holds e, or -1. Reader (acquire loads). */
 static int member_tier(const struct kvi_index *ix, const struct kvi_entry *e, uint32_t s)
 {
@@ -260,7 +272,7 @@ static inline const struct kvi_entry *probe(const struct finder *f, uint32_t t, 
 static inline const struct kvi_entry *probe(const struct finder *f, uint32_t t, uint32_t *cnt)
 {
     const struct kvi_entry *e = entry_at(f->ix, f->p, f->kind, f->keys[t], t);
-    *cnt = e ? atomic_load_explicit(&((struct kvi_entry *)e)->gpu_n, memory_order_acquire) : 0; /* R2 */
+    *cnt = e ? gpu_count(f->ix, e) : 0;
     return e;
 }
 

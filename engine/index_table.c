@@ -327,12 +327,13 @@ static struct kvi_mset *mset_copy(const struct kvi_index *ix, struct kvi_part *p
     struct kvi_mset *nm = kvi_xmalloc(mset_bytes(cap));
     part_account(p, (int64_t)mset_bytes(cap));
     nm->cap = cap;
-    nm->_pad = 0;
-    uint32_t j = 0;
+    uint32_t j = 0, gpu = 0;
     if (ms == NULL) {
         uint32_t one = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed);
         uint32_t os = one & KVI_SLOT_MASK;
-        uint8_t tier = (uint8_t)(kvi__slot(ix, os)->tier | ((one & KVI_ROOT_BIT) ? KVI_MEMBER_ROOT : 0));
+        uint8_t tier = kvi__slot(ix, os)->tier;
+        gpu = tier == KVI_TIER_GPU;
+        tier = (uint8_t)(tier | ((one & KVI_ROOT_BIT) ? KVI_MEMBER_ROOT : 0));
         atomic_store_explicit(&nm->m[0].w, kvi__member_w(os, tier), memory_order_relaxed);
         nm->m[0].eh = atomic_load_explicit(&((struct kvi_entry *)e)->mv, memory_order_relaxed);
         j = 1;
@@ -342,11 +343,13 @@ static struct kvi_mset *mset_copy(const struct kvi_index *ix, struct kvi_part *p
             uint64_t w = atomic_load_explicit(&((struct kvi_mset *)ms)->m[i].w, memory_order_relaxed);
             if (w == 0)
                 continue;
+            gpu += (kvi__member_tier(w) & KVI_MEMBER_TIER) == KVI_TIER_GPU;
             atomic_store_explicit(&nm->m[j].w, w, memory_order_relaxed);
             nm->m[j++].eh = ms->m[i].eh;
         }
     }
     nm->live = j;
+    atomic_store_explicit(&nm->gpu_n, gpu, memory_order_relaxed);
     atomic_store_explicit(&nm->n, j, memory_order_relaxed);
     return nm;
 }
@@ -383,15 +386,19 @@ static void member_add(const struct kvi_index *ix, struct kvi_part *p, struct kv
         nm->m[n].eh = eh;
         nm->live = n + 1;
         atomic_store_explicit(&nm->n, n + 1, memory_order_relaxed);
+        if (tier == KVI_TIER_GPU)
+            atomic_store_explicit(&nm->gpu_n, atomic_load_explicit(&nm->gpu_n, memory_order_relaxed) + 1,
+                                  memory_order_relaxed); /* published with nm */
         atomic_store_explicit(&e->mv, (uint64_t)(uintptr_t)nm, memory_order_release); /* W2 */
         if (ms != NULL)
             kvi_ix__retire(p, ms, mset_bytes(ms->cap));
         else /* from now on the members are in mv; a reader that loaded the
               * single slot before keeps that (consistent) snapshot */
             atomic_store_explicit(&e->one, KVI_MANY_BIT, memory_order_release); /* W2 */
+        return;
     }
-    if (tier == KVI_TIER_GPU)
-        atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) + 1,
+    if (ms != NULL && tier == KVI_TIER_GPU) /* after the member: a reader never counts more than exist */
+        atomic_store_explicit(&ms->gpu_n, atomic_load_explicit(&ms->gpu_n, memory_order_relaxed) + 1,
                               memory_order_release); /* W2 */
 }
 
@@ -409,9 +416,6 @@ static void member_del(const struct kvi_index *ix, struct kvi_part *p, struct kv
                        uint8_t tier)
 {
     kvi_relaxed_add(&p->wgen, 1); /* G1, as in member_add */
-    if (tier == KVI_TIER_GPU) /* count first: readers never see more gpu members than exist */
-        atomic_store_explicit(&e->gpu_n, atomic_load_explicit(&e->gpu_n, memory_order_relaxed) - 1,
-                              memory_order_release);
     struct kvi_mset *ms = entry_mset(e);
     if (ms == NULL) {
         atomic_store_explicit(&e->one, KVI_NONE, memory_order_release);
@@ -421,6 +425,9 @@ static void member_del(const struct kvi_index *ix, struct kvi_part *p, struct kv
     int32_t k = mset_find(ms, slot);
     if (k < 0)
         return;
+    if (tier == KVI_TIER_GPU) /* count first: readers never see more gpu members than exist */
+        atomic_store_explicit(&ms->gpu_n, atomic_load_explicit(&ms->gpu_n, memory_order_relaxed) - 1,
+                              memory_order_release);
     atomic_store_explicit(&ms->m[k].w, 0, memory_order_release); /* W2 */
     ms->m[k].eh = 0;
     ms->live--;
@@ -493,7 +500,7 @@ static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx
         if (parent != KVI_NONE)
             child_unlink(p, parent, idx);
         struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
-        tab_delete_t(p, &kc, &p->ktab, e->ktag, idx);
+        tab_delete_t(p, &kc, &p->ktab, key_tag(e->key), idx);
         if (stab_on(p))
             tab_delete_t(p, &sc, &p->stab, tab_tag(ix, e->seq), idx);
         struct kvi_mset *ms = entry_mset(e);

@@ -167,7 +167,7 @@ static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t par
  * front (then no per-insert growth check), and the stats counters are added
  * once. Each entry is written whole, with its single member, before it is
  * published (W1 by the key table, W5 by its parent's child list), so readers
- * see it appear with its member and gpu count at once; wgen is bumped per
+ * see it appear with its member at once; wgen is bumped per
  * block before the stores that publish it (G1), as member_add does.
  * measured (kvidx-bench micro, 1 M new blocks, thread cpu ns per block,
  * median of 7 interleaved runs): pre-sized 74.8 -> 57.8, cold 179.0 ->
@@ -185,7 +185,7 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
     kvi_ix__tab_room(p, &s->map, m, false);
     struct kvi_tab *ktab = atomic_load_explicit(&p->ktab.t, memory_order_relaxed);
     struct kvi_tab *map = atomic_load_explicit(&s->map.t, memory_order_relaxed);
-    const uint32_t one = s->id, gpu = s->tier == KVI_TIER_GPU ? 1 : 0;
+    const uint32_t one = s->id;
     uint64_t wgen = atomic_load_explicit(&p->wgen, memory_order_relaxed);
     /* entries as entry_alloc takes them: recycled ones first (prefetched
      * PF_DIST ahead: they lie anywhere), then fresh ones, whose chunks are
@@ -212,8 +212,7 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
         }
         uint32_t idx = p->n_free > 0 ? p->free_idx[--p->n_free] : p->next_fresh++;
         struct kvi_entry *e = kvi__entry(p, idx);
-        entry_fill(e, rk[i], kt[i], rs[i], r->b[i].content_hash, pos0 + (uint32_t)i, prev, one, gpu,
-                   r->b[i].engine_hash);
+        entry_fill(e, rk[i], rs[i], r->b[i].content_hash, pos0 + (uint32_t)i, prev, one, r->b[i].engine_hash);
         atomic_store_explicit(&p->wgen, ++wgen, memory_order_relaxed); /* G1 */
         atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5: pe has no other child */
         tab_insert_raw(ktab, kt[i], idx);                                 /* W1 */
@@ -726,7 +725,7 @@ size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
             uint32_t a = tab_peek_t(&s->map, mt[i + 2]);
             if (a != KVI_NONE) {
                 const struct kvi_entry *ae = kvi__entry(p, a);
-                tab_prefetch_t(&p->ktab, ae->ktag);
+                tab_prefetch_t(&p->ktab, key_tag(ae->key));
                 if (son)
                     tab_prefetch_t(&p->stab, tab_tag(ix, ae->seq));
                 if (entry_parent(ae) != KVI_NONE)

@@ -2010,7 +2010,6 @@ static void test_released_entry_names_no_member(void **state)
         const struct kvi_entry *e = kvi__entry(p, p->pending_idx[p->n_pending - 1]);
         /* no member left for a reader: `one` no longer says KVI_MANY_BIT */
         assert_int_equal(atomic_load(&((struct kvi_entry *)e)->one), KVI_NONE);
-        assert_int_equal(atomic_load(&((struct kvi_entry *)e)->gpu_n), 0);
     }
     kvi_index_destroy(ix);
 }
