@@ -398,6 +398,7 @@ void kvi_index_destroy(struct kvi_index *ix)
                 free(entry_mset(&chunk[j])); /* released entries' arrays are in the retired list */
             }
             free(chunk);
+            free(atomic_load_explicit(&p->seqcol[c], memory_order_relaxed));
         }
         kvi_ix__tab_free_mem(atomic_load_explicit(&p->ktab.t, memory_order_relaxed));
         kvi_ix__tab_free_mem(atomic_load_explicit(&p->stab.t, memory_order_relaxed));

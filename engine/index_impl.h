@@ -133,7 +133,7 @@ static inline uint64_t tab_key_of(const struct tab_ctx *c, uint32_t idx, bool *o
     *ok = true;
     switch (c->kind) {
     case TAB_KEY: return e->key;
-    case TAB_SEQ: return e->seq;
+    case TAB_SEQ: return *kvi__seqp(c->p, idx);
     case TAB_MAP: return member_eh(e, c->slot, ok);
     }
     return 0;
@@ -223,6 +223,12 @@ static inline bool stab_on(const struct kvi_part *p)
 {
     return atomic_load_explicit(&((struct kvi_part *)p)->stab.t, memory_order_relaxed) != NULL;
 }
+
+/* seqs[idx] = the standard seq hash of every live entry idx of p (others
+ * untouched), derived along the content chains: for a partition without a
+ * seq table (so with no prefix placed by seq alone). seqs has p->next_fresh
+ * elements. Writer (or with the writer stopped). */
+void kvi_ix__seqs_derive(struct kvi_part *p, uint64_t *seqs);
 
 /* Build p's seq table from its live entries and publish it (W3). Writer. */
 void kvi_ix__stab_build(const struct kvi_index *ix, struct kvi_part *p);
@@ -339,11 +345,11 @@ static inline void child_link(struct kvi_part *p, uint32_t parent, uint32_t idx)
     atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5: pairs with R5 (seq_walk) */
 }
 
-/* Write every field of entry e, not yet published: prefix key `key`, seq
- * hash, content hash, depth, `up` word, no children, and the single member
- * `one` (KVI_NONE: none yet) with its engine hash mv. Writer. */
-static inline void entry_fill(struct kvi_entry *e, uint64_t key, uint64_t seq, uint64_t content, uint32_t pos,
-                              uint32_t up, uint32_t one, uint64_t mv)
+/* Write every field of entry e, not yet published: prefix key `key`,
+ * content hash, depth, `up` word, no children, and the single member `one`
+ * (KVI_NONE: none yet) with its engine hash mv. Writer. */
+static inline void entry_fill(struct kvi_entry *e, uint64_t key, uint64_t content, uint32_t pos, uint32_t up,
+                              uint32_t one, uint64_t mv)
 {
     e->key = key;
     atomic_store_explicit(&e->mv, mv, memory_order_relaxed);
@@ -351,26 +357,28 @@ static inline void entry_fill(struct kvi_entry *e, uint64_t key, uint64_t seq, u
     e->pos = pos;
     atomic_store_explicit(&e->first_child, KVI_NONE, memory_order_relaxed);
     atomic_store_explicit(&e->next_sibling, KVI_NONE, memory_order_relaxed);
-    e->seq = seq;
     e->content = content;
     e->up = up;
     e->prev_sibling = KVI_NONE;
 }
 
 /* A new entry for prefix key `key` (table tag ktag) and seq hash `seq`
- * (table tag stag, used when the partition keeps a seq table), published in
- * the query tables. Writer. */
+ * (kept, with table tag stag, when the partition keeps a seq table),
+ * published in the query tables. Writer. */
 static inline uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key, uint32_t ktag, uint64_t seq,
                                  uint32_t stag, uint64_t content, bool no_content, uint32_t pos, uint32_t parent)
 {
     uint32_t idx = entry_alloc(p);
     struct kvi_entry *e = kvi__entry(p, idx);
-    entry_fill(e, key, seq, content, pos, parent | (no_content ? KVI_UP_NO_CONTENT : 0), KVI_NONE, 0);
+    entry_fill(e, key, content, pos, parent | (no_content ? KVI_UP_NO_CONTENT : 0), KVI_NONE, 0);
+    bool son = stab_on(p);
+    if (son)
+        *kvi__seqp(p, idx) = seq; /* published with the entry (W1, W5) */
     if (parent != KVI_NONE)
         child_link(p, parent, idx);
     struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
     kvi_ix__tab_insert_t(p, &kc, &p->ktab, ktag, idx); /* W1 */
-    if (stab_on(p))
+    if (son)
         kvi_ix__tab_insert_t(p, &sc, &p->stab, stag, idx);
     kvi_relaxed_add(&p->entries, 1);
     return idx;

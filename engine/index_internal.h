@@ -73,10 +73,11 @@ struct kvi_mset {
                                                         * (key is a seq-derived stand-in) */
 
 /*
- * One distinct prefix. 56 bytes; the fields queries read come first, so
+ * One distinct prefix. 48 bytes; the fields queries read come first, so
  * that an entry's first 24 bytes lie in one cache line for three entries in
  * four. Fields marked R are read by queries; the others are private to the
- * partition's writer.
+ * partition's writer. The standard seq hash is not here: a partition keeps
+ * it beside its entries only while it has a seq table (kvi_part.seqcol).
  *
  * Members: while the entry has had at most one member, `one` is that
  * member's slot (| KVI_ROOT_BIT) or KVI_NONE, and `mv` is its engine hash
@@ -102,12 +103,11 @@ struct kvi_entry {
     uint32_t pos;                  /* R: depth, immutable */
     _Atomic uint32_t first_child;  /* R (seq walks): children, linked with release */
     _Atomic uint32_t next_sibling; /* R (seq walks) */
-    uint64_t seq;                  /* R (by seq): standard seq hash, immutable */
     uint64_t content;              /* content hash (0 while no_content) */
     uint32_t up;                   /* parent entry (KVI_NONE at a root) | KVI_UP_NO_CONTENT */
     uint32_t prev_sibling;         /* previous child of the parent (KVI_NONE: first) */
 };
-#define KVI_ENTRY_BYTES 56
+#define KVI_ENTRY_BYTES 48
 _Static_assert(sizeof(struct kvi_entry) == KVI_ENTRY_BYTES, "entry layout");
 _Static_assert(((KVI_SLOT_CHUNKS_MAX << KVI_SLOT_CHUNK_SHIFT) - 1) <= KVI_SLOT_MASK, "slot ids fit KVI_SLOT_MASK");
 
@@ -172,6 +172,10 @@ struct kvi_part {
     struct kvi_table stab; /* standard seq hash S -> entry; NULL until something needs it
                             * (seq stores, seq queries): built then, maintained after */
     struct kvi_entry *_Atomic chunks[KVI_ENTRY_CHUNKS_MAX];
+    /* R (by seq): standard seq hashes of entry chunk c's entries, allocated
+     * with the seq table (kvi_ix__stab_build) and with every chunk after it;
+     * NULL while the partition has no seq table */
+    uint64_t *_Atomic seqcol[KVI_ENTRY_CHUNKS_MAX];
     uint32_t n_chunks;
     uint32_t next_fresh; /* next never-used entry index */
     uint32_t *free_idx;  /* recycled entry indices, usable now */
@@ -242,6 +246,16 @@ static inline struct kvi_entry *kvi__entry(const struct kvi_part *p, uint32_t id
 {
     struct kvi_entry *c = atomic_load_explicit(&((struct kvi_part *)p)->chunks[idx >> KVI_ENTRY_CHUNK_SHIFT],
                                                memory_order_acquire);
+    return &c[idx & (KVI_ENTRY_CHUNK - 1)];
+}
+
+/* Where the standard seq hash of entry idx is kept. Only while the
+ * partition has a seq table: writers check stab_on(p); readers reach entries
+ * by seq only through that table (published after the column, R3). */
+static inline uint64_t *kvi__seqp(const struct kvi_part *p, uint32_t idx)
+{
+    uint64_t *c = atomic_load_explicit(&((struct kvi_part *)p)->seqcol[idx >> KVI_ENTRY_CHUNK_SHIFT],
+                                       memory_order_acquire);
     return &c[idx & (KVI_ENTRY_CHUNK - 1)];
 }
 

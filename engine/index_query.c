@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/hash.h"
+#include "engine/hash_impl.h"
 #include "engine/index_impl.h"
 
 /* ---- prefix keys ------------------------------------------------------------ */
@@ -152,8 +153,8 @@ static size_t seq_walk(const struct kvi_index *ix, const struct kvi_part *p, con
     if (n == 0)
         return 0;
     uint64_t k0 = key_step(ix, ix->kseed, seq[0], 0);
-    const struct kvi_entry *e = entry_at(ix, p, TAB_KEY, k0, 0);
-    if (e == NULL || e->seq != seq[0])
+    const struct kvi_entry *e = entry_at(ix, p, TAB_KEY, k0, 0); /* its content is seq[0] */
+    if (e == NULL)
         return 0;
     keys[0] = k0;
     for (size_t t = 1; t < n; t++) {
@@ -161,7 +162,8 @@ static size_t seq_walk(const struct kvi_index *ix, const struct kvi_part *p, con
         const struct kvi_entry *next = NULL;
         while (c != KVI_NONE) {
             const struct kvi_entry *x = kvi__entry(p, c);
-            if (x->seq == seq[t]) {
+            /* no seq hash is kept here: derive the child's from its content */
+            if (kvi__seq_step(seq[t - 1], x->content) == seq[t]) {
                 next = x;
                 break;
             }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include "engine/hash_impl.h"
 #include "engine/index_impl.h"
 
 /* ---- tables ----------------------------------------------------------------- */
@@ -270,6 +271,51 @@ void kvi_ix__tab_free_now(struct kvi_part *p, struct kvi_table *tb)
 /* ---- seq tables, built on demand -------------------------------------------- */
 
 static bool entry_empty(const struct kvi_entry *e);
+static void stack_push(struct kvi_part *p, uint32_t *n, uint32_t v);
+
+/* Every live entry has members or children; freed ones have neither. */
+static bool entry_live(const struct kvi_entry *e)
+{
+    return !entry_empty(e) ||
+           atomic_load_explicit(&((struct kvi_entry *)e)->first_child, memory_order_relaxed) != KVI_NONE;
+}
+
+/* The seq column of entry chunk c (published before any entry of the chunk
+ * is inserted in the seq table). Writer. */
+static void seqcol_alloc(struct kvi_part *p, uint32_t c)
+{
+    size_t bytes = (size_t)KVI_ENTRY_CHUNK * sizeof(uint64_t);
+    uint64_t *col = kvi_xmalloc(bytes);
+    part_account(p, (int64_t)bytes);
+    atomic_store_explicit(&p->seqcol[c], col, memory_order_release);
+}
+
+/* Parents first: an entry's seq hash follows from its parent's (RFC 1527),
+ * and a root's (position 0) is its content hash. Each entry is derived once:
+ * the climb from an entry stops at the first ancestor already done. */
+void kvi_ix__seqs_derive(struct kvi_part *p, uint64_t *seqs)
+{
+    uint32_t nf = p->next_fresh;
+    uint8_t *done = kvi_xcalloc(nf > 0 ? nf : 1, 1);
+    for (uint32_t idx = 1; idx < nf; idx++) {
+        if (done[idx] || !entry_live(kvi__entry(p, idx)))
+            continue;
+        uint32_t m = 0, x = idx;
+        while (x != KVI_NONE && !done[x]) {
+            stack_push(p, &m, x);
+            x = entry_parent(kvi__entry(p, x));
+        }
+        uint64_t sq = x != KVI_NONE ? seqs[x] : 0;
+        while (m > 0) {
+            uint32_t y = p->stack[--m];
+            const struct kvi_entry *e = kvi__entry(p, y);
+            sq = e->pos == 0 ? e->content : kvi__seq_step(sq, e->content);
+            seqs[y] = sq;
+            done[y] = 1;
+        }
+    }
+    free(done);
+}
 
 /*
  * A partition keeps a seq table (standard seq hash -> entry) only once
@@ -292,12 +338,21 @@ void kvi_ix__stab_build(const struct kvi_index *ix, struct kvi_part *p)
         cap *= 2;
     struct kvi_tab *t = tab_new(cap);
     part_account(p, (int64_t)tab_bytes(t));
-    /* every live entry has members or children; freed ones have neither */
+    /* the seq column, from the content chains (nothing is placed by seq
+     * alone before the partition has a seq table) */
+    for (uint32_t c = 0; c < p->n_chunks; c++)
+        if (atomic_load_explicit(&p->chunks[c], memory_order_relaxed) != NULL &&
+            atomic_load_explicit(&p->seqcol[c], memory_order_relaxed) == NULL)
+            seqcol_alloc(p, c);
+    uint64_t *seqs = kvi_xmalloc((p->next_fresh > 0 ? p->next_fresh : 1) * sizeof(uint64_t));
+    kvi_ix__seqs_derive(p, seqs);
     for (uint32_t idx = 1; idx < p->next_fresh; idx++) {
-        const struct kvi_entry *e = kvi__entry(p, idx);
-        if (!entry_empty(e) || atomic_load_explicit(&((struct kvi_entry *)e)->first_child, memory_order_relaxed) != KVI_NONE)
-            tab_insert_raw(t, tab_tag(ix, e->seq), idx);
+        if (entry_live(kvi__entry(p, idx))) {
+            *kvi__seqp(p, idx) = seqs[idx];
+            tab_insert_raw(t, tab_tag(ix, seqs[idx]), idx);
+        }
     }
+    free(seqs);
     atomic_store_explicit(&p->stab.t, t, memory_order_release); /* W3 */
 }
 
@@ -464,6 +519,8 @@ void kvi_ix__chunk_alloc(struct kvi_part *p, uint32_t c)
         kvi_die("out of memory for an entry chunk");
     write_pages(chunk, bytes); /* entries are written whole before they are published */
     part_account(p, (int64_t)bytes);
+    if (stab_on(p))
+        seqcol_alloc(p, c);
     atomic_store_explicit(&p->chunks[c], chunk, memory_order_release);
     if (c + 1 > p->n_chunks)
         p->n_chunks = c + 1;
@@ -494,7 +551,7 @@ static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx
 {
     while (idx != KVI_NONE) {
         struct kvi_entry *e = kvi__entry(p, idx);
-        if (!entry_empty(e) || atomic_load_explicit(&e->first_child, memory_order_relaxed) != KVI_NONE)
+        if (entry_live(e))
             return;
         uint32_t parent = entry_parent(e);
         if (parent != KVI_NONE)
@@ -502,7 +559,7 @@ static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx
         struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
         tab_delete_t(p, &kc, &p->ktab, key_tag(e->key), idx);
         if (stab_on(p))
-            tab_delete_t(p, &sc, &p->stab, tab_tag(ix, e->seq), idx);
+            tab_delete_t(p, &sc, &p->stab, tab_tag(ix, *kvi__seqp(p, idx)), idx);
         struct kvi_mset *ms = entry_mset(e);
         if (ms != NULL) {
             /* Readers still probing e (found before the tombstones above)

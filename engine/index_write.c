@@ -176,7 +176,7 @@ static bool run_has_duplicates(struct kvi_part *p, bool has_parent, uint64_t par
  * 138.4 -> 124.7.
  */
 static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, const struct run *r,
-                             const uint64_t *rk, const uint64_t *rs, const uint32_t *kt, const uint32_t *mt,
+                             const uint64_t *rk, const uint32_t *kt, const uint32_t *mt,
                              size_t from, uint32_t pos0, uint32_t prev)
 {
     size_t n = r->n;
@@ -212,7 +212,7 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
         }
         uint32_t idx = p->n_free > 0 ? p->free_idx[--p->n_free] : p->next_fresh++;
         struct kvi_entry *e = kvi__entry(p, idx);
-        entry_fill(e, rk[i], rs[i], r->b[i].content_hash, pos0 + (uint32_t)i, prev, one, r->b[i].engine_hash);
+        entry_fill(e, rk[i], r->b[i].content_hash, pos0 + (uint32_t)i, prev, one, r->b[i].engine_hash);
         atomic_store_explicit(&p->wgen, ++wgen, memory_order_relaxed); /* G1 */
         atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5: pe has no other child */
         tab_insert_raw(ktab, kt[i], idx);                                 /* W1 */
@@ -225,6 +225,14 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
                           memory_order_relaxed);
     kvi_relaxed_add(&p->holdings, m);
     kvi_relaxed_add(&p->stored_blocks, m);
+}
+
+/* Is entry idx the prefix whose key is k and seq hash sq? With a seq table
+ * by seq hash (a prefix placed by seq alone has a stand-in key), without
+ * one by key (then every key is real, and no seq hash is kept). Writer. */
+static inline bool same_prefix(const struct kvi_part *p, bool son, uint32_t idx, uint64_t k, uint64_t sq)
+{
+    return son ? *kvi__seqp(p, idx) == sq : kvi__entry(p, idx)->key == k;
 }
 
 static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum kvi_tier tier, bool has_parent,
@@ -282,7 +290,8 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         struct kvi_entry *pe = kvi__entry(p, prev);
         pos0 = pe->pos + 1;
         k = pe->key;
-        sq = pe->seq;
+        if (son)
+            sq = *kvi__seqp(p, prev);
     } else if (position > 0) {
         if (seq == NULL || tier == KVI_TIER_GPU) {
             kvi_relaxed_add(&p->invalid_events, 1);
@@ -305,7 +314,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         uint32_t pos = pos0 + (uint32_t)i;
         if (seq != NULL)
             sq = seq[i];
-        else
+        else if (son) /* (without a seq table no seq hash is kept) */
             /* the seq step inlined (engine/hash_impl.h): the 16-byte XXH3 with
              * its constant seed folds to a dozen instructions, without a call
              * and a stack buffer per block. measured (micro, callgrind --seqs
@@ -344,7 +353,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         have[i] = map_find_t(ix, p, s, eh_at(ehv, i), mt[i]);
         if (have[i] != KVI_NONE)
             have_end = i + 1;
-        if (prev != KVI_NONE && have[i] != KVI_NONE && kvi__entry(p, have[i])->seq != rs[i]) {
+        if (prev != KVI_NONE && have[i] != KVI_NONE && !same_prefix(p, son, have[i], rk[i], rs[i])) {
             uint32_t hv = have[i];
             /* would the cascade from `have` reach the run's parent? it follows
              * links between blocks this slot holds (not positional roots) */
@@ -391,7 +400,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         }
         if (hv != KVI_NONE) {
             struct kvi_entry *he = kvi__entry(p, hv);
-            if (he->seq == sq && he->pos == pos) {
+            if (same_prefix(p, son, hv, k, sq) && he->pos == pos) {
                 prev = hv; /* idempotent re-store */
                 parent_in_slot = true;
                 prev_new = false;
@@ -429,7 +438,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
             prev_new = true;
             if (!son && r->b != NULL && i + 1 < n && i + 1 >= have_end) {
                 /* every block left is new to the partition and to the slot */
-                store_fresh_tail(ix, p, s, r, rk, rs, kt, mt, i + 1, pos0, prev);
+                store_fresh_tail(ix, p, s, r, rk, kt, mt, i + 1, pos0, prev);
                 break;
             }
             continue;
@@ -727,7 +736,7 @@ size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
                 const struct kvi_entry *ae = kvi__entry(p, a);
                 tab_prefetch_t(&p->ktab, key_tag(ae->key));
                 if (son)
-                    tab_prefetch_t(&p->stab, tab_tag(ix, ae->seq));
+                    tab_prefetch_t(&p->stab, tab_tag(ix, *kvi__seqp(p, a)));
                 if (entry_parent(ae) != KVI_NONE)
                     __builtin_prefetch(kvi__entry(p, entry_parent(ae)));
             }
@@ -861,6 +870,11 @@ void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn e
 {
     struct kvi_part *p = &ix->parts[part];
     uint32_t ni = atomic_load_explicit(&ix->n_instances, memory_order_acquire);
+    uint64_t *seqs = NULL; /* seq hashes, derived once when the partition keeps none */
+    if (!stab_on(p) && p->next_fresh > 0) {
+        seqs = kvi_xmalloc(p->next_fresh * sizeof(uint64_t));
+        kvi_ix__seqs_derive(p, seqs);
+    }
     for (uint32_t ii = part; ii < ni; ii += ix->n_parts) {
         struct kvi_instance *in = inst_get(ix, ii);
         struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
@@ -925,7 +939,7 @@ void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn e
                     .engine_hash = member_eh(e, s->id, &f),
                     .content_hash = e->content,
                     .no_content = entry_no_content(e),
-                    .seq_hash = e->seq,
+                    .seq_hash = seqs != NULL ? seqs[idx] : *kvi__seqp(p, idx),
                 };
                 if (entry_parent(e) != KVI_NONE && !kvi_ix__member_is_root(e, s->id)) {
                     struct kvi_entry *pe = kvi__entry(p, entry_parent(e));
@@ -942,4 +956,5 @@ void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn e
         }
         free(done);
     }
+    free(seqs);
 }
