@@ -33,14 +33,16 @@ static inline uint64_t kvi_fmix64(uint64_t k)
     return k;
 }
 
-/** The 128-bit product of a and b folded to 64 bits (low half xor high half):
- * one multiply that mixes every bit of each operand into the result. Not a
- * bijection in either operand, and 0 when either is 0 (keep one of them
- * nonzero). For prefix-key steps. */
-static inline uint64_t kvi_mum64(uint64_t a, uint64_t b)
+/** The inverse of kvi_fmix64: kvi_fmix64_inv(kvi_fmix64(k)) == k (x ^= x >> 33
+ * undoes itself; the multipliers are the inverses of fmix64's mod 2^64). */
+static inline uint64_t kvi_fmix64_inv(uint64_t k)
 {
-    unsigned __int128 r = (unsigned __int128)a * b;
-    return (uint64_t)r ^ (uint64_t)(r >> 64);
+    k ^= k >> 33;
+    k *= 0x9cb4b2f8129337dbull;
+    k ^= k >> 33;
+    k *= 0x4f74430c22a54005ull;
+    k ^= k >> 33;
+    return k;
 }
 
 #define KVI_HASH_SEED 1337ull

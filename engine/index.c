@@ -409,6 +409,8 @@ void kvi_index_destroy(struct kvi_index *ix)
                 free(p->retired[r].p);
         }
         free(p->retired);
+        free(p->aside_idx);
+        free(p->aside_val);
         free(p->free_idx);
         free(p->pending_idx);
         free(p->stack);

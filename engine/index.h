@@ -11,13 +11,13 @@
  *
  *   Entries are found by two keys, both computed by kvidx:
  *     - the prefix key K (internal, keyed and secret per index):
- *           K[-1] = seed, K[t] = K[t-1] + mum((c[t] ^ s1), ((t+1) * phi ^ s2) | 1)
- *       where mum(a, b) folds the 128-bit product a * b to 64 bits (low half
- *       xor high half); about 0.7 ns per block to compute on the query path.
- *       Two different prefixes of one depth share a key with probability
- *       about 2^-64 (under the secrets, even for chosen content hashes);
- *       prefixes of different depths that do are kept apart (the entry
- *       records its depth);
+ *           K[-1] = seed, K[t] = K[t-1] + fmix64((c[t] ^ s1) + ((t+1) * phi ^ s2))
+ *       about 1.25 ns per block to compute on the query path. The step is a
+ *       bijection in c[t], so an entry does not keep its content hash: it
+ *       follows from its key and its parent's. Two different prefixes of one
+ *       depth share a key with probability about 2^-64 (two children of one
+ *       parent never do); prefixes of different depths that do are kept
+ *       apart (the entry records its depth);
  *     - the standard RFC 1527 rolling sequence hash S (engine/hash.h), used by
  *       kvi_index_find_matches_by_seq and by publishers that follow the
  *       standard. A partition builds its S table only once something needs

@@ -26,15 +26,35 @@
 
 /* The term K[pos] - K[pos-1] (engine/index.h, WHAT IT STORES) of content
  * hash `content` at the position whose Weyl value is w = (pos + 1) * phi,
- * under the index's secrets sx (kxor) and sm (kmul): one 64x64 -> 128-bit
- * multiply of the content under one secret by the position under the other,
- * folded. The position operand is odd, so never 0. Callers that walk
- * positions in order keep w as a running sum (kvi_index_prefix_keys).
- * measured (1,024-block chains, one thread): 1.13-1.14 ns per key with
- * fmix64((content ^ s1) + (pos + 1) * phi) before, 0.66-0.69 ns with this. */
+ * under the index's secrets sx (kxor) and sm (kmul): fmix64 of the content
+ * under one secret plus the position under the other. A bijection in the
+ * content for each position, so that entries need not keep their content
+ * hash (key_unterm gives it back from the key and the parent's key): 8
+ * bytes per entry. Callers that walk positions in order keep w as a running
+ * sum (kvi_index_prefix_keys).
+ * measured (1,024-key chains, one thread, best of 2,000): 1.25-1.28 ns per
+ * key, against 0.82 ns for the folded 64x64 -> 128-bit product of the two
+ * (not a bijection) used before; bijections with one multiply
+ * ((c ^ sx) * odd(w), then xor-shift, with or without a second constant
+ * multiply) gave thousands of equal keys among the 4.1 M chains of
+ * test_prefix_keys_structured_contents. */
 static inline uint64_t key_term(uint64_t content, uint64_t sx, uint64_t w, uint64_t sm)
 {
-    return kvi_mum64(content ^ sx, (w ^ sm) | 1);
+    return kvi_fmix64((content ^ sx) + (w ^ sm));
+}
+
+/* The content hash whose term at Weyl value w is `term`: key_term's inverse. */
+static inline uint64_t key_unterm(uint64_t term, uint64_t sx, uint64_t w, uint64_t sm)
+{
+    return (kvi_fmix64_inv(term) - (w ^ sm)) ^ sx;
+}
+
+/* The content hash of the prefix whose key is `key` at depth pos, below a
+ * prefix whose key is prev (K[-1] = kseed at a root). Valid for entries with
+ * real keys (not KVI_UP_NO_CONTENT nor KVI_UP_ASIDE). */
+static inline uint64_t content_of_key(const struct kvi_index *ix, uint64_t key, uint64_t prev, uint32_t pos)
+{
+    return key_unterm(key - prev, ix->kxor, (uint64_t)(pos + 1) * PHI, ix->kmul);
 }
 
 /* K[pos] from K[pos-1] = prev. */
@@ -89,7 +109,7 @@ static inline uint32_t tab_tag(const struct kvi_index *ix, uint64_t key)
 }
 
 /* Table tag of a prefix key: its top half. K is already a mix under the
- * index's secrets (key_step sums folded products; stand-in keys are fmix64 of
+ * index's secrets (key_step sums fmix64 terms; stand-in keys are fmix64 of
  * a secret xor), so mixing it again adds nothing.
  * measured (kvidx-bench micro --replay, callgrind, stores and removes):
  * 1,263.5 M -> 1,248.9 M instructions; queries save one fmix64 per probe. */
@@ -228,7 +248,7 @@ static inline bool stab_on(const struct kvi_part *p)
  * untouched), derived along the content chains: for a partition without a
  * seq table (so with no prefix placed by seq alone). seqs has p->next_fresh
  * elements. Writer (or with the writer stopped). */
-void kvi_ix__seqs_derive(struct kvi_part *p, uint64_t *seqs);
+void kvi_ix__seqs_derive(const struct kvi_index *ix, struct kvi_part *p, uint64_t *seqs);
 
 /* Build p's seq table from its live entries and publish it (W3). Writer. */
 void kvi_ix__stab_build(const struct kvi_index *ix, struct kvi_part *p);
@@ -313,6 +333,25 @@ static inline bool entry_no_content(const struct kvi_entry *e)
     return (e->up & KVI_UP_NO_CONTENT) != 0;
 }
 
+/* Content hashes kept aside (engine/index_table.c): of entries whose key is
+ * a stand-in. Writer. */
+void kvi_ix__aside_put(struct kvi_part *p, uint32_t idx, uint64_t content);
+uint64_t kvi_ix__aside_get(const struct kvi_part *p, uint32_t idx);
+void kvi_ix__aside_del(struct kvi_part *p, uint32_t idx);
+
+/* The content hash of entry idx (e): from its key, kept aside, or 0 when
+ * unknown (KVI_UP_NO_CONTENT). Writer. */
+static inline uint64_t entry_content(const struct kvi_index *ix, const struct kvi_part *p, const struct kvi_entry *e,
+                                     uint32_t idx)
+{
+    if (e->up & KVI_UP_NO_CONTENT)
+        return 0;
+    if (e->up & KVI_UP_ASIDE)
+        return kvi_ix__aside_get(p, idx);
+    uint32_t par = entry_parent(e);
+    return content_of_key(ix, e->key, par != KVI_NONE ? kvi__entry(p, par)->key : ix->kseed, e->pos);
+}
+
 /* Allocate entry chunk c, its pages faulted in (not zeroed). Writer. */
 void kvi_ix__chunk_alloc(struct kvi_part *p, uint32_t c);
 
@@ -346,10 +385,10 @@ static inline void child_link(struct kvi_part *p, uint32_t parent, uint32_t idx)
 }
 
 /* Write every field of entry e, not yet published: prefix key `key`,
- * content hash, depth, `up` word, no children, and the single member `one`
- * (KVI_NONE: none yet) with its engine hash mv. Writer. */
-static inline void entry_fill(struct kvi_entry *e, uint64_t key, uint64_t content, uint32_t pos, uint32_t up,
-                              uint32_t one, uint64_t mv)
+ * depth, `up` word, no children, and the single member `one` (KVI_NONE:
+ * none yet) with its engine hash mv. Writer. */
+static inline void entry_fill(struct kvi_entry *e, uint64_t key, uint32_t pos, uint32_t up, uint32_t one,
+                              uint64_t mv)
 {
     e->key = key;
     atomic_store_explicit(&e->mv, mv, memory_order_relaxed);
@@ -357,20 +396,23 @@ static inline void entry_fill(struct kvi_entry *e, uint64_t key, uint64_t conten
     e->pos = pos;
     atomic_store_explicit(&e->first_child, KVI_NONE, memory_order_relaxed);
     atomic_store_explicit(&e->next_sibling, KVI_NONE, memory_order_relaxed);
-    e->content = content;
     e->up = up;
     e->prev_sibling = KVI_NONE;
 }
 
 /* A new entry for prefix key `key` (table tag ktag) and seq hash `seq`
  * (kept, with table tag stag, when the partition keeps a seq table),
- * published in the query tables. Writer. */
+ * published in the query tables. cflag: 0 (the content follows from the
+ * key), KVI_UP_NO_CONTENT, or KVI_UP_ASIDE (a stand-in key: `content` is
+ * kept aside). Writer. */
 static inline uint32_t entry_new(struct kvi_index *ix, struct kvi_part *p, uint64_t key, uint32_t ktag, uint64_t seq,
-                                 uint32_t stag, uint64_t content, bool no_content, uint32_t pos, uint32_t parent)
+                                 uint32_t stag, uint64_t content, uint32_t cflag, uint32_t pos, uint32_t parent)
 {
     uint32_t idx = entry_alloc(p);
     struct kvi_entry *e = kvi__entry(p, idx);
-    entry_fill(e, key, content, pos, parent | (no_content ? KVI_UP_NO_CONTENT : 0), KVI_NONE, 0);
+    entry_fill(e, key, pos, parent | cflag, KVI_NONE, 0);
+    if (cflag == KVI_UP_ASIDE)
+        kvi_ix__aside_put(p, idx, content);
     bool son = stab_on(p);
     if (son)
         *kvi__seqp(p, idx) = seq; /* published with the entry (W1, W5) */

@@ -68,16 +68,22 @@ struct kvi_mset {
 };
 
 #define KVI_UP_PARENT ((1u << KVI_ENTRY_IDX_BITS) - 1) /* in entry.up: the parent entry */
+#define KVI_UP_ASIDE 0x40000000u                       /* in entry.up: content known, key a stand-in:
+                                                        * the content hash is kept in kvi_part.aside */
 #define KVI_UP_NO_CONTENT 0x80000000u                  /* in entry.up: placed by seq hash without
                                                         * tokens: content and prefix key unknown
                                                         * (key is a seq-derived stand-in) */
 
 /*
- * One distinct prefix. 48 bytes; the fields queries read come first, so
- * that an entry's first 24 bytes lie in one cache line for three entries in
- * four. Fields marked R are read by queries; the others are private to the
- * partition's writer. The standard seq hash is not here: a partition keeps
- * it beside its entries only while it has a seq table (kvi_part.seqcol).
+ * One distinct prefix. 40 bytes; the fields queries read come first. Fields
+ * marked R are read by queries; the others are private to the partition's
+ * writer. Two hashes of the prefix are not here:
+ * - the content hash follows from the key: K = K(parent) + T(content, pos)
+ *   with T a bijection in the content (entry_content); where the key is a
+ *   stand-in (placed by seq hash alone) and the content became known, the
+ *   partition keeps it aside (KVI_UP_ASIDE);
+ * - the standard seq hash is kept beside the entries only while the
+ *   partition has a seq table (kvi_part.seqcol).
  *
  * Members: while the entry has had at most one member, `one` is that
  * member's slot (| KVI_ROOT_BIT) or KVI_NONE, and `mv` is its engine hash
@@ -103,11 +109,10 @@ struct kvi_entry {
     uint32_t pos;                  /* R: depth, immutable */
     _Atomic uint32_t first_child;  /* R (seq walks): children, linked with release */
     _Atomic uint32_t next_sibling; /* R (seq walks) */
-    uint64_t content;              /* content hash (0 while no_content) */
-    uint32_t up;                   /* parent entry (KVI_NONE at a root) | KVI_UP_NO_CONTENT */
+    uint32_t up;                   /* parent entry (KVI_NONE at a root) | KVI_UP_NO_CONTENT | KVI_UP_ASIDE */
     uint32_t prev_sibling;         /* previous child of the parent (KVI_NONE: first) */
 };
-#define KVI_ENTRY_BYTES 48
+#define KVI_ENTRY_BYTES 40
 _Static_assert(sizeof(struct kvi_entry) == KVI_ENTRY_BYTES, "entry layout");
 _Static_assert(((KVI_SLOT_CHUNKS_MAX << KVI_SLOT_CHUNK_SHIFT) - 1) <= KVI_SLOT_MASK, "slot ids fit KVI_SLOT_MASK");
 
@@ -193,6 +198,9 @@ struct kvi_part {
     size_t cap_runbuf;
     uint64_t *dup_val; /* duplicate check of a run: open-addressing set (0: free) */
     size_t cap_dup;
+    uint32_t *aside_idx; /* content hashes of KVI_UP_ASIDE entries: open addressing, */
+    uint64_t *aside_val; /* entry index (0: free) -> content hash */
+    uint32_t aside_cap, aside_n;
     uint32_t *pending_slots; /* slot ids freed, waiting for a grace period */
     uint32_t n_pending_slots, cap_pending_slots;
 

@@ -162,8 +162,9 @@ static size_t seq_walk(const struct kvi_index *ix, const struct kvi_part *p, con
         const struct kvi_entry *next = NULL;
         while (c != KVI_NONE) {
             const struct kvi_entry *x = kvi__entry(p, c);
-            /* no seq hash is kept here: derive the child's from its content */
-            if (kvi__seq_step(seq[t - 1], x->content) == seq[t]) {
+            /* no seq hash is kept here: derive the child's from its content,
+             * which follows from its key and e's (all keys are real here) */
+            if (kvi__seq_step(seq[t - 1], content_of_key(ix, x->key, e->key, x->pos)) == seq[t]) {
                 next = x;
                 break;
             }

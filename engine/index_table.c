@@ -293,7 +293,7 @@ static void seqcol_alloc(struct kvi_part *p, uint32_t c)
 /* Parents first: an entry's seq hash follows from its parent's (RFC 1527),
  * and a root's (position 0) is its content hash. Each entry is derived once:
  * the climb from an entry stops at the first ancestor already done. */
-void kvi_ix__seqs_derive(struct kvi_part *p, uint64_t *seqs)
+void kvi_ix__seqs_derive(const struct kvi_index *ix, struct kvi_part *p, uint64_t *seqs)
 {
     uint32_t nf = p->next_fresh;
     uint8_t *done = kvi_xcalloc(nf > 0 ? nf : 1, 1);
@@ -309,7 +309,8 @@ void kvi_ix__seqs_derive(struct kvi_part *p, uint64_t *seqs)
         while (m > 0) {
             uint32_t y = p->stack[--m];
             const struct kvi_entry *e = kvi__entry(p, y);
-            sq = e->pos == 0 ? e->content : kvi__seq_step(sq, e->content);
+            uint64_t c = entry_content(ix, p, e, y);
+            sq = e->pos == 0 ? c : kvi__seq_step(sq, c);
             seqs[y] = sq;
             done[y] = 1;
         }
@@ -345,7 +346,7 @@ void kvi_ix__stab_build(const struct kvi_index *ix, struct kvi_part *p)
             atomic_load_explicit(&p->seqcol[c], memory_order_relaxed) == NULL)
             seqcol_alloc(p, c);
     uint64_t *seqs = kvi_xmalloc((p->next_fresh > 0 ? p->next_fresh : 1) * sizeof(uint64_t));
-    kvi_ix__seqs_derive(p, seqs);
+    kvi_ix__seqs_derive(ix, p, seqs);
     for (uint32_t idx = 1; idx < p->next_fresh; idx++) {
         if (entry_live(kvi__entry(p, idx))) {
             *kvi__seqp(p, idx) = seqs[idx];
@@ -502,6 +503,89 @@ static bool entry_empty(const struct kvi_entry *e)
     return atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) == KVI_NONE;
 }
 
+/* ---- content hashes kept aside ---------------------------------------------- */
+
+/* Entries whose key is a stand-in (placed by seq hash alone) and whose
+ * content hash is known: few, so an open-addressing map (load <= 1/2,
+ * deletion by shifting back) beside the entries rather than 8 bytes in
+ * every entry. Writer only. */
+static uint32_t aside_home(uint32_t idx, uint32_t cap)
+{
+    return (uint32_t)kvi_fmix64(idx) & (cap - 1);
+}
+
+static void aside_grow(struct kvi_part *p)
+{
+    uint32_t ocap = p->aside_cap, ncap = ocap ? ocap * 2 : 16;
+    uint32_t *ni = kvi_xcalloc(ncap, sizeof *ni);
+    uint64_t *nv = kvi_xmalloc(ncap * sizeof *nv);
+    for (uint32_t i = 0; i < ocap; i++) {
+        if (p->aside_idx[i] == KVI_NONE)
+            continue;
+        uint32_t j = aside_home(p->aside_idx[i], ncap);
+        while (ni[j] != KVI_NONE)
+            j = (j + 1) & (ncap - 1);
+        ni[j] = p->aside_idx[i];
+        nv[j] = p->aside_val[i];
+    }
+    free(p->aside_idx);
+    free(p->aside_val);
+    p->aside_idx = ni;
+    p->aside_val = nv;
+    p->aside_cap = ncap;
+    part_account(p, (int64_t)(ncap - ocap) * (int64_t)(sizeof *ni + sizeof *nv));
+}
+
+/* Position of idx in the map, or of the free position where it would go. */
+static uint32_t aside_pos(const struct kvi_part *p, uint32_t idx)
+{
+    uint32_t j = aside_home(idx, p->aside_cap);
+    while (p->aside_idx[j] != KVI_NONE && p->aside_idx[j] != idx)
+        j = (j + 1) & (p->aside_cap - 1);
+    return j;
+}
+
+void kvi_ix__aside_put(struct kvi_part *p, uint32_t idx, uint64_t content)
+{
+    if ((p->aside_n + 1) * 2 > p->aside_cap)
+        aside_grow(p);
+    uint32_t j = aside_pos(p, idx);
+    if (p->aside_idx[j] == KVI_NONE) {
+        p->aside_idx[j] = idx;
+        p->aside_n++;
+    }
+    p->aside_val[j] = content;
+}
+
+uint64_t kvi_ix__aside_get(const struct kvi_part *p, uint32_t idx)
+{
+    if (p->aside_cap == 0)
+        return 0;
+    uint32_t j = aside_pos(p, idx);
+    return p->aside_idx[j] == idx ? p->aside_val[j] : 0;
+}
+
+void kvi_ix__aside_del(struct kvi_part *p, uint32_t idx)
+{
+    if (p->aside_cap == 0)
+        return;
+    uint32_t mask = p->aside_cap - 1, i = aside_pos(p, idx);
+    if (p->aside_idx[i] != idx)
+        return;
+    for (uint32_t j = (i + 1) & mask; p->aside_idx[j] != KVI_NONE; j = (j + 1) & mask) {
+        uint32_t h = aside_home(p->aside_idx[j], p->aside_cap);
+        /* the key at j may move back to i only if its home is not in (i, j] cyclically */
+        bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+        if (!stays) {
+            p->aside_idx[i] = p->aside_idx[j];
+            p->aside_val[i] = p->aside_val[j];
+            i = j;
+        }
+    }
+    p->aside_idx[i] = KVI_NONE;
+    p->aside_n--;
+}
+
 /* ---- entries ---------------------------------------------------------------- */
 
 /* (entry_alloc, child_link and entry_new are in engine/index_impl.h: do_store
@@ -556,6 +640,8 @@ static void entry_release(struct kvi_index *ix, struct kvi_part *p, uint32_t idx
         uint32_t parent = entry_parent(e);
         if (parent != KVI_NONE)
             child_unlink(p, parent, idx);
+        if (e->up & KVI_UP_ASIDE)
+            kvi_ix__aside_del(p, idx);
         struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
         tab_delete_t(p, &kc, &p->ktab, key_tag(e->key), idx);
         if (stab_on(p))

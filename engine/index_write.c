@@ -84,6 +84,19 @@ static inline uint64_t run_key(const struct kvi_index *ix, const struct run *r, 
     return pos == 0 ? key_step(ix, k, sq, 0) : seq_stand_in_key(ix, sq);
 }
 
+/* Block i of the run is an entry whose key is k, not rk[i] (a stand-in: the
+ * entry was placed by seq hash alone): the keys of the blocks after it
+ * continue from k, so that every entry's key is its parent's stepped by its
+ * content (entry_content derives the content from that). */
+static void run_rekey(const struct kvi_index *ix, const struct run *r, uint64_t *rk, uint32_t *kt, const uint64_t *rs,
+                      size_t i, uint32_t pos0, uint64_t k)
+{
+    for (size_t j = i + 1; j < r->n; j++) {
+        rk[j] = k = run_key(ix, r, k, j, pos0 + (uint32_t)j, rs[j]);
+        kt[j] = key_tag(k);
+    }
+}
+
 /* Add v (a run hash, table position from h) to the scratch set; true if it
  * was there. 0 marks a free position (the set holds no 0: see the caller). */
 static inline bool dup_add(uint64_t *set, size_t mask, uint32_t h, uint64_t v)
@@ -212,7 +225,7 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
         }
         uint32_t idx = p->n_free > 0 ? p->free_idx[--p->n_free] : p->next_fresh++;
         struct kvi_entry *e = kvi__entry(p, idx);
-        entry_fill(e, rk[i], r->b[i].content_hash, pos0 + (uint32_t)i, prev, one, r->b[i].engine_hash);
+        entry_fill(e, rk[i], pos0 + (uint32_t)i, prev, one, r->b[i].engine_hash);
         atomic_store_explicit(&p->wgen, ++wgen, memory_order_relaxed); /* G1 */
         atomic_store_explicit(&pe->first_child, idx, memory_order_release); /* W5: pe has no other child */
         tab_insert_raw(ktab, kt[i], idx);                                 /* W1 */
@@ -404,6 +417,8 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
                 prev = hv; /* idempotent re-store */
                 parent_in_slot = true;
                 prev_new = false;
+                if (he->key != k)
+                    run_rekey(ix, r, rk, kt, rs, i, pos0, he->key);
                 continue;
             }
             /* the engine renamed a different block: drop the old one */
@@ -428,8 +443,10 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         if (idx != KVI_NONE && kvi__entry(p, idx)->pos != pos)
             idx = KVI_NONE; /* 2^-64 collision across depths: keep them apart */
         if (idx == KVI_NONE) {
-            idx = entry_new(ix, p, k, kt[i], sq, son ? st[i] : 0, content, !known, pos, prev);
-            if ((seq_only && i == 0) || !known) /* a stand-in key */
+            bool stand_in = (seq_only && i == 0) || !known;
+            idx = entry_new(ix, p, k, kt[i], sq, son ? st[i] : 0, content,
+                            !known ? KVI_UP_NO_CONTENT : stand_in ? KVI_UP_ASIDE : 0, pos, prev);
+            if (stand_in)
                 atomic_store_explicit(&ix->has_seq_only, true, memory_order_release);
             /* a new entry has no member yet */
             kvi_ix__holding_add(ix, p, s, idx, eh, mt[i], seq_only && i == 0);
@@ -449,17 +466,13 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
                 fe->up |= prev;
                 child_link(p, prev, idx); /* W5 */
             }
-            if (entry_no_content(fe) && known) { /* placed without tokens before */
-                fe->content = content;
-                fe->up &= ~KVI_UP_NO_CONTENT;
+            if (entry_no_content(fe) && known) { /* placed without tokens before: a stand-in key */
+                kvi_ix__aside_put(p, idx, content);
+                fe->up = (fe->up & ~KVI_UP_NO_CONTENT) | KVI_UP_ASIDE;
             }
             prev_new = false;
-            k = fe->key; /* continue the chain from the entry's own key */
-            if (k != rk[i])
-                for (size_t j = i + 1; j < n; j++) { /* re-derive the rest of the run's keys */
-                    rk[j] = k = run_key(ix, r, k, j, pos0 + (uint32_t)j, rs[j]);
-                    kt[j] = key_tag(k);
-                }
+            if (fe->key != rk[i])
+                run_rekey(ix, r, rk, kt, rs, i, pos0, fe->key);
         }
         struct kvi_entry *e = kvi__entry(p, idx);
         bool f;
@@ -873,7 +886,7 @@ void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn e
     uint64_t *seqs = NULL; /* seq hashes, derived once when the partition keeps none */
     if (!stab_on(p) && p->next_fresh > 0) {
         seqs = kvi_xmalloc(p->next_fresh * sizeof(uint64_t));
-        kvi_ix__seqs_derive(p, seqs);
+        kvi_ix__seqs_derive(ix, p, seqs);
     }
     for (uint32_t ii = part; ii < ni; ii += ix->n_parts) {
         struct kvi_instance *in = inst_get(ix, ii);
@@ -937,7 +950,7 @@ void kvi_index_dump_partition(struct kvi_index *ix, uint32_t part, kvi_dump_fn e
                     .tier = (enum kvi_tier)tier,
                     .position = e->pos,
                     .engine_hash = member_eh(e, s->id, &f),
-                    .content_hash = e->content,
+                    .content_hash = entry_content(ix, p, e, idx),
                     .no_content = entry_no_content(e),
                     .seq_hash = seqs != NULL ? seqs[idx] : *kvi__seqp(p, idx),
                 };

@@ -2485,9 +2485,8 @@ static void test_prefix_keys_match_definition(void **state)
     c[5] = ix->kxor; /* the content operand of the step is 0 */
     uint64_t k = ix->kseed;
     for (size_t i = 0; i < N; i++) {
-        uint64_t b = (((uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull) ^ ix->kmul) | 1;
-        unsigned __int128 x = (unsigned __int128)(c[i] ^ ix->kxor) * b;
-        want[i] = k += (uint64_t)x ^ (uint64_t)(x >> 64);
+        uint64_t w = ((uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull) ^ ix->kmul;
+        want[i] = k += kvi_fmix64((c[i] ^ ix->kxor) + w);
     }
     for (size_t n = 0; n <= 70; n++) {
         memset(got, 0, N * sizeof *got);
@@ -2565,6 +2564,98 @@ static void test_prefix_keys_structured_contents(void **state)
     kvi_index_destroy(ix);
 }
 
+/* Content hashes of entries whose key is a stand-in (placed by seq hash
+ * alone, KVI_UP_ASIDE) are kept beside the entries: a positional run's first
+ * block, and blocks placed without tokens that a later store with tokens
+ * reaches. They are dumped right and go with their entries. */
+struct aside_ctx {
+    uint64_t (*content)[4];
+    uint64_t (*seq)[4];
+    uint32_t rows, rows_content, wrong;
+};
+
+static void aside_emit(void *vctx, const struct kvi_dump_block *b)
+{
+    struct aside_ctx *x = vctx;
+    x->rows++;
+    if (b->no_content)
+        return;
+    x->rows_content++;
+    uint32_t r = (b->position - 5) / 8, j = (b->position - 5) % 8;
+    if (j >= 4 || x->seq[r][j] != b->seq_hash || x->content[r][j] != b->content_hash)
+        x->wrong++;
+}
+
+static void test_aside_contents(void **state)
+{
+    (void)state;
+    struct kvi_index_config ic = {.block_size = 16, .n_parts = 1, .key_seed = 5};
+    struct kvi_index *ix = kvi_index_create(&ic);
+    assert_non_null(ix);
+    uint32_t wa = (uint32_t)kvi_index_intern_instance(ix, 1, NULL, false);
+    uint32_t wb = (uint32_t)kvi_index_intern_instance(ix, 2, NULL, false);
+    enum { R = 300, L = 4 };
+    static uint64_t content[R][L], seq[R][L], eh[R][L];
+    uint64_t rng = 17;
+    for (uint32_t r = 0; r < R; r++)
+        for (uint32_t j = 0; j < L; j++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            content[r][j] = kvi_fmix64(rng);
+            seq[r][j] = kvi_fmix64(rng ^ 1);
+            eh[r][j] = kvi_fmix64(rng ^ 2);
+        }
+    struct kvi_part *p = &ix->parts[0];
+    uint32_t want_aside = 0;
+    for (uint32_t r = 0; r < R; r++) {
+        struct kvi_block blk[L];
+        for (uint32_t j = 0; j < L; j++)
+            blk[j] = (struct kvi_block){eh[r][j], content[r][j]};
+        uint32_t pos = 5 + 8 * r;
+        if (r % 2 == 0) { /* with tokens at a position: the first key is a stand-in */
+            assert_int_equal(kvi_index_store_seq(ix, wa, 0, KVI_TIER_CPU, false, 0, pos, blk, seq[r], L), 0);
+            want_aside += 1;
+        } else { /* without tokens, then with them by another worker: every key is a stand-in */
+            assert_int_equal(kvi_index_store_seq_only(ix, wa, 0, KVI_TIER_CPU, false, 0, pos, eh[r], seq[r], L), 0);
+            assert_int_equal(p->aside_n, want_aside);
+            assert_int_equal(kvi_index_store_seq(ix, wb, 0, KVI_TIER_CPU, false, 0, pos, blk, seq[r], L), 0);
+            want_aside += L;
+        }
+        assert_int_equal(p->aside_n, want_aside);
+    }
+    struct aside_ctx x = {content, seq, 0, 0, 0};
+    kvi_index_dump_partition(ix, 0, aside_emit, &x);
+    assert_int_equal(x.rows, R / 2 * L + R / 2 * 2 * L);
+    assert_int_equal(x.rows_content, x.rows); /* every block learned its content */
+    assert_int_equal(x.wrong, 0);
+    /* worker b goes: the entries stay (a holds them), their contents too */
+    kvi_index_remove_instance(ix, wb);
+    memset(&x, 0, sizeof x);
+    x.content = content;
+    x.seq = seq;
+    kvi_index_dump_partition(ix, 0, aside_emit, &x);
+    assert_int_equal(x.rows, R * L);
+    assert_int_equal(x.wrong, 0);
+    assert_int_equal(p->aside_n, want_aside);
+    /* worker a's blocks go, runs in a scattered order, each run tail first */
+    for (uint32_t k = 0; k < R; k++) {
+        uint32_t r = (k * 7) % R;
+        for (uint32_t j = L; j-- > 0;)
+            assert_int_equal(kvi_index_remove(ix, wa, 0, KVI_TIER_CPU, &eh[r][j], 1), 1);
+        want_aside -= r % 2 == 0 ? 1 : L;
+        assert_int_equal(p->aside_n, want_aside);
+        if (k == R / 2) { /* what is left still dumps right */
+            memset(&x, 0, sizeof x);
+            x.content = content;
+            x.seq = seq;
+            kvi_index_dump_partition(ix, 0, aside_emit, &x);
+            assert_int_equal(x.rows, (R - k - 1) * L);
+            assert_int_equal(x.wrong, 0);
+        }
+    }
+    assert_int_equal(p->aside_n, 0);
+    kvi_index_destroy(ix);
+}
+
 /* Scratch grown by one huge op is given back at the next reclaim (the
  * writer's idle point); small scratch is kept. */
 static void test_reclaim_trims_scratch(void **state)
@@ -2632,6 +2723,7 @@ int main(void)
         cmocka_unit_test(test_prefix_keys_match_definition),
         cmocka_unit_test(test_prefix_keys_structured_contents),
         cmocka_unit_test(test_tables_shrink_and_regrow),
+        cmocka_unit_test(test_aside_contents),
         cmocka_unit_test(test_reclaim_trims_scratch),
         cmocka_unit_test(test_s01_store_then_find),
         cmocka_unit_test(test_s02_partial_match),
