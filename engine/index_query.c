@@ -19,8 +19,10 @@
  * term (i + 1) * phi kept as a running sum instead of a multiply. (A store
  * chains key_step itself, block by block: see run_key.)
  * test_prefix_keys_match_definition pins it to the definition.
- * measured (kvidx-bench micro, 1,024 keys, interleaved runs): 1,000-1,002 ns
- * -> 870-962 ns (1,327-1,481 ns with the fmix64 step before). */
+ * measured (kvidx-bench micro, 1,024 keys, interleaved runs, with the
+ * folded-product step of the fourth session): 1,000-1,002 ns -> 870-962 ns.
+ * With the fmix64 step (a bijection: engine/index_impl.h, key_term) 1,255-
+ * 1,278 ns. */
 void kvi_index_prefix_keys(const struct kvi_index *ix, const uint64_t *content, size_t n, uint64_t *keys)
 {
     const uint64_t sx = ix->kxor, sm = ix->kmul;
