@@ -222,6 +222,14 @@ static inline void tab_insert_raw(struct kvi_tab *t, uint32_t tag, uint32_t idx)
     }
 }
 
+/* Deleting by shifting back (tables without readers): may the key at j,
+ * whose home is h, move back to the free position i? Not if h lies in
+ * (i, j] cyclically (it would move before its home). */
+static inline bool shift_stays(uint32_t i, uint32_t j, uint32_t h)
+{
+    return i <= j ? (h > i && h <= j) : (h > i || h <= j);
+}
+
 /* Rebuild tb with capacity cap, publish it, and retire the old array (readers:
  * a query table) or free it at once. Writer. */
 void kvi_ix__tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers);

@@ -217,9 +217,7 @@ static void tab_delete_shift(struct kvi_part *p, struct kvi_table *tb, uint32_t 
         if (v == 0)
             break;
         uint32_t h = tab_home(t, (uint32_t)(v >> 32));
-        /* v may move back to i only if its home is not in (i, j] cyclically */
-        bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
-        if (!stays) {
+        if (!shift_stays(i, j, h)) {
             atomic_store_explicit(&t->s[i], v, memory_order_relaxed);
             i = j;
         }
@@ -573,10 +571,7 @@ void kvi_ix__aside_del(struct kvi_part *p, uint32_t idx)
     if (p->aside_idx[i] != idx)
         return;
     for (uint32_t j = (i + 1) & mask; p->aside_idx[j] != KVI_NONE; j = (j + 1) & mask) {
-        uint32_t h = aside_home(p->aside_idx[j], p->aside_cap);
-        /* the key at j may move back to i only if its home is not in (i, j] cyclically */
-        bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
-        if (!stays) {
+        if (!shift_stays(i, j, aside_home(p->aside_idx[j], p->aside_cap))) {
             p->aside_idx[i] = p->aside_idx[j];
             p->aside_val[i] = p->aside_val[j];
             i = j;
