@@ -52,6 +52,7 @@
 #include <xxhash.h>
 
 #include "engine/common.h"
+#include "engine/hash.h"
 #include "engine/rcu.h"
 
 #define RETIRE_OBJS 4096u
@@ -178,16 +179,6 @@ static struct snode tomb_sentinel;
 
 /* ---- small helpers -------------------------------------------------------------- */
 
-static inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 32;
-    x *= 0xd6e8feb86659fd93ull;
-    x ^= x >> 32;
-    x *= 0xd6e8feb86659fd93ull;
-    x ^= x >> 32;
-    return x;
-}
-
 /*
  * Prefix keys: key(h0..ht) = prefix_step(key(h0..h(t-1)), ht), the empty
  * prefix's key being the registry's random seed. For a fixed parent the step
@@ -201,7 +192,7 @@ static inline uint64_t mix64(uint64_t x)
  */
 static inline uint64_t prefix_step(uint64_t parent_key, uint64_t hash)
 {
-    return mix64(parent_key + hash * 0x9e3779b97f4a7c15ull);
+    return kvi_fmix64(parent_key + hash * 0x9e3779b97f4a7c15ull);
 }
 
 static int bytes_cmp(const char *a, size_t al, const char *b, size_t bl)
@@ -852,7 +843,7 @@ struct kvi_slots *kvi_slots_create(const struct kvi_slots_config *cfg)
         s->cfg.stale_after_ns = KVI_SLOTS_STALE_NS;
     if (s->cfg.max_ranks == 0)
         s->cfg.max_ranks = KVI_SLOTS_MAX_RANKS;
-    s->seed = mix64(kvi_now_ns() ^ (uint64_t)(uintptr_t)s);
+    s->seed = kvi_fmix64(kvi_now_ns() ^ (uint64_t)(uintptr_t)s);
     if (pthread_mutex_init(&s->mu, NULL) != 0) {
         free(s);
         errno = ENOMEM;
