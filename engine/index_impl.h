@@ -159,6 +159,20 @@ static inline uint64_t tab_key_of(const struct tab_ctx *c, uint32_t idx, bool *o
     return 0;
 }
 
+/* The slot naming entry idx under a key whose table tag is `tag`: the tag's
+ * low bits (the home slot comes from its top bits) over the index. */
+static inline uint32_t tab_slot(uint32_t tag, uint32_t idx)
+{
+    return tag << KVI_ENTRY_IDX_BITS | idx;
+}
+
+/* Does slot s name an entry (not free, not a tombstone) under a key whose
+ * tag may be `tag`? */
+static inline bool tab_slot_may_be(uint32_t s, uint32_t tag)
+{
+    return ((s ^ (tag << KVI_ENTRY_IDX_BITS)) >> KVI_ENTRY_IDX_BITS) == 0 && (s & KVI_TAB_IDX) != KVI_TOMB;
+}
+
 /* Reader lookup (also used by the writer) of key, whose tag is `tag`.
  * Returns the entry index or NONE. */
 static inline uint32_t tab_find_t(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key, uint32_t tag)
@@ -167,12 +181,12 @@ static inline uint32_t tab_find_t(const struct tab_ctx *c, const struct kvi_tabl
     if (t == NULL)
         return KVI_NONE;
     for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
-        uint64_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_acquire); /* R1 */
+        uint32_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_acquire); /* R1 */
         if (s == 0)
             return KVI_NONE;
-        uint32_t idx = (uint32_t)s;
-        if ((uint32_t)(s >> 32) == tag && idx != KVI_TOMB) {
+        if (tab_slot_may_be(s, tag)) {
             bool ok;
+            uint32_t idx = s & KVI_TAB_IDX;
             if (tab_key_of(c, idx, &ok) == key && ok)
                 return idx;
         }
@@ -184,19 +198,20 @@ static inline uint32_t tab_find(const struct tab_ctx *c, const struct kvi_table 
     return tab_find_t(c, tb, key, kind_tag(c->ix, c->kind, key));
 }
 
-/* The entry of the first slot whose tag matches key's (unverified: for
- * prefetching the entry a lookup is about to verify), or KVI_NONE. Writer. */
+/* The entry of the first slot whose fingerprint matches key's tag
+ * (unverified: for prefetching the entry a lookup is about to verify), or
+ * KVI_NONE. Writer. */
 static inline uint32_t tab_peek_t(const struct kvi_table *tb, uint32_t tag)
 {
     const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_relaxed);
     if (t == NULL)
         return KVI_NONE;
     for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
-        uint64_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_relaxed);
+        uint32_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_relaxed);
         if (s == 0)
             return KVI_NONE;
-        if ((uint32_t)(s >> 32) == tag && (uint32_t)s != KVI_TOMB)
-            return (uint32_t)s;
+        if (tab_slot_may_be(s, tag))
+            return s & KVI_TAB_IDX;
     }
 }
 
@@ -211,34 +226,27 @@ static inline void tab_prefetch_t(const struct kvi_table *tb, uint32_t tag)
 static inline void tab_insert_raw(struct kvi_tab *t, uint32_t tag, uint32_t idx)
 {
     for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
-        uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
-        if (s == 0 || (uint32_t)s == KVI_TOMB) {
+        uint32_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+        if (s == 0 || (s & KVI_TAB_IDX) == KVI_TOMB) {
             if (s == 0)
                 t->used++;
             t->live++;
-            atomic_store_explicit(&t->s[i], ((uint64_t)tag << 32) | idx, memory_order_release); /* W1 */
+            atomic_store_explicit(&t->s[i], tab_slot(tag, idx), memory_order_release); /* W1 */
             return;
         }
     }
 }
 
-/* Deleting by shifting back (tables without readers): may the key at j,
- * whose home is h, move back to the free position i? Not if h lies in
- * (i, j] cyclically (it would move before its home). */
-static inline bool shift_stays(uint32_t i, uint32_t j, uint32_t h)
-{
-    return i <= j ? (h > i && h <= j) : (h > i || h <= j);
-}
-
-/* Rebuild tb with capacity cap, publish it, and retire the old array (readers:
- * a query table) or free it at once. Writer. */
-void kvi_ix__tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers);
+/* Rebuild tb, a table of kind c->kind, with capacity cap, publish it, and
+ * retire the old array (a query table) or free it at once (a slot map).
+ * Reads every live slot's key (tab_key_of). Writer. */
+void kvi_ix__tab_rehash(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t cap);
 /* Insert entry idx under a key whose tag is `tag` (W1). Writer. */
 void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag,
                           uint32_t idx);
-/* Make room for m inserts into tb that then need no growth check
- * (tab_insert_raw); readers: a query table. Writer. */
-void kvi_ix__tab_room(struct kvi_part *p, struct kvi_table *tb, uint64_t m, bool readers);
+/* Make room for m inserts into tb (of kind c->kind) that then need no growth
+ * check (tab_insert_raw). Writer. */
+void kvi_ix__tab_room(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t m);
 /* Free tb's array now (a slot map: never read by queries). Writer. */
 void kvi_ix__tab_free_now(struct kvi_part *p, struct kvi_table *tb);
 /* Free a table array (NULL: nothing), however it was allocated. */
@@ -371,8 +379,8 @@ static inline uint32_t entry_alloc(struct kvi_part *p)
         p->next_fresh = 1; /* index 0 is KVI_NONE */
     uint32_t idx = p->next_fresh;
     uint32_t c = idx >> KVI_ENTRY_CHUNK_SHIFT;
-    if (c >= KVI_ENTRY_CHUNKS_MAX)
-        kvi_die("partition entry space exhausted (%u chunks)", c);
+    if (idx >= KVI_ENTRY_IDX_END)
+        kvi_die("partition entry space exhausted (%u entries)", idx);
     if (KVI_UNLIKELY(atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL))
         kvi_ix__chunk_alloc(p, c);
     p->next_fresh++;

@@ -12,7 +12,6 @@
 #include "engine/index.h"
 
 #define KVI_NONE 0u              /* invalid entry / slot index */
-#define KVI_TOMB 0xffffffffu     /* tombstone value in a table slot */
 #define KVI_ROOT_BIT 0x80000000u /* in entry.one: the holding was placed without a parent */
 #define KVI_MANY_BIT 0x40000000u /* entry.one == KVI_MANY_BIT: the members are the kvi_mset at entry.mv */
 #define KVI_SLOT_MASK 0x3fffffffu /* slot ids are < KVI_SLOT_CHUNKS_MAX * KVI_SLOT_CHUNK (2^22) */
@@ -25,6 +24,9 @@
 #define KVI_ENTRY_IDX_BITS 28    /* entry indices < KVI_ENTRY_CHUNKS_MAX * KVI_ENTRY_CHUNK */
 _Static_assert((1ull << KVI_ENTRY_IDX_BITS) == (unsigned long long)KVI_ENTRY_CHUNKS_MAX * KVI_ENTRY_CHUNK,
                "entry index bits");
+#define KVI_TAB_IDX ((1u << KVI_ENTRY_IDX_BITS) - 1) /* in a table slot: the entry index */
+#define KVI_TOMB KVI_TAB_IDX     /* in a table slot's index bits: a tombstone (never an entry) */
+#define KVI_ENTRY_IDX_END KVI_TOMB /* entry indices are < this */
 
 #define KVI_SLOT_CHUNK_SHIFT 10
 #define KVI_SLOT_CHUNK (1u << KVI_SLOT_CHUNK_SHIFT)
@@ -122,8 +124,20 @@ static inline struct kvi_mset *kvi__mset(const struct kvi_entry *e, memory_order
     return (struct kvi_mset *)(uintptr_t)atomic_load_explicit(&((struct kvi_entry *)e)->mv, mo);
 }
 
-/* Open-addressing table: u64 key -> u32 entry index, slots (tag << 32 | idx).
- * The key itself lives in the entry (or member), so a slot is 8 bytes. */
+/*
+ * Open-addressing table: u64 key -> u32 entry index, linear probing. A slot
+ * is 4 bytes: the entry index (KVI_TAB_IDX bits) under 4 fingerprint bits,
+ * the low bits of the key's 32-bit table tag (tab_slot); 0 is a free slot.
+ * The key and its tag are not in the slot: the key lives in the entry (or
+ * its member array, or the seq column), and the home slot is the top bits
+ * of the tag, so a lookup that meets a slot whose fingerprint matches reads
+ * the entry to compare keys (a hit reads that entry anyway), and a rehash
+ * reads each live slot's key from its entry to place it.
+ * measured (kvidx-bench micro, 2^20 blocks): 8-byte slots (a 32-bit tag
+ * beside the index) cost 16 bytes per block in each of the key table and
+ * the slot maps at load 1/2; 4-byte slots cost 8 (72.2 -> 56.2 bytes per
+ * (block, worker) for the two).
+ */
 struct kvi_tab {
     uint32_t mask;
     uint32_t used; /* live + tombstones */
@@ -132,7 +146,7 @@ struct kvi_tab {
     uint32_t grow_at; /* an insert finding `used` this high first grows or purges */
     uint32_t _pad;
     size_t mapped;    /* bytes mapped with mmap (huge-page tables); 0: malloc'd */
-    _Atomic uint64_t s[];
+    _Atomic uint32_t s[];
 };
 
 struct kvi_table {
@@ -273,5 +287,16 @@ static inline struct kvi_slot *kvi__slot(const struct kvi_index *ix, uint32_t id
                                               memory_order_acquire);
     return c == NULL ? NULL : &c[id & (KVI_SLOT_CHUNK - 1)];
 }
+
+/*
+ * Check the index's tables against its entries: in every table (key table,
+ * seq table, each slot's map), every slot naming an entry carries its key's
+ * fingerprint, lies in an unbroken probe run from its key's home, and its
+ * key leads back to it; the used and live counts match the slots; a key
+ * table names every live entry and a slot map as many entries as its slot
+ * holds blocks. Returns 0, or -1 with the first fault described in why
+ * (len bytes). For tests: the writers must be quiescent.
+ */
+int kvi_index_check_tables(const struct kvi_index *ix, char *why, size_t len);
 
 #endif

@@ -7,6 +7,7 @@
  * engine/index_impl.h; the operations made of these primitives are in
  * engine/index_write.c.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -82,7 +83,7 @@ static void write_pages(void *mem, size_t bytes)
 
 static struct kvi_tab *tab_new(uint32_t cap)
 {
-    size_t bytes = sizeof(struct kvi_tab) + (size_t)cap * sizeof(uint64_t);
+    size_t bytes = sizeof(struct kvi_tab) + (size_t)cap * sizeof(uint32_t);
     struct kvi_tab *t;
     if (bytes >= HUGE_PAGE) {
         size_t len = (bytes + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
@@ -108,15 +109,36 @@ void kvi_ix__tab_free_mem(struct kvi_tab *t)
 
 static size_t tab_bytes(const struct kvi_tab *t)
 {
-    return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint64_t);
+    return sizeof *t + ((size_t)t->mask + 1) * sizeof(uint32_t);
+}
+
+/* Where the key of entry idx in a table of kind c->kind is kept (to prefetch). */
+static const void *tab_key_addr(const struct tab_ctx *c, uint32_t idx)
+{
+    if (c->kind == TAB_SEQ)
+        return kvi__seqp(c->p, idx);
+    return kvi__entry(c->p, idx);
+}
+
+/* The table tag of the key under which entry idx is in a table of kind
+ * c->kind: what a slot does not keep. */
+static uint32_t tab_tag_at(const struct tab_ctx *c, uint32_t idx)
+{
+    bool ok;
+    uint64_t key = tab_key_of(c, idx, &ok);
+    KVI_DEBUG_ASSERT(ok); /* a slot map names only entries its slot holds */
+    return kind_tag(c->ix, c->kind, key);
 }
 
 /* (tab_insert_raw is in engine/index_impl.h: the store's fresh-tail loop inlines it.) */
 
+#define REHASH_PF 8 /* keys read this many slots ahead */
+
 /* Rebuild with capacity `cap`, publish, retire the old array (query tables)
  * or free it at once (slot maps, never read by queries). */
-void kvi_ix__tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, bool readers)
+void kvi_ix__tab_rehash(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t cap)
 {
+    const bool readers = c->kind != TAB_MAP;
     struct kvi_tab *old = atomic_load_explicit(&tb->t, memory_order_relaxed);
     struct kvi_tab *nt = tab_new(cap);
     part_account(p, (int64_t)tab_bytes(nt));
@@ -124,35 +146,50 @@ void kvi_ix__tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, 
         /* Live slots are first gathered without a branch, a block of old
          * slots at a time: a shrinking table mixes live slots, tombstones
          * and empty ones at random, and testing each slot mispredicted
-         * about every other one. Then each is placed as tab_insert_raw
-         * would (no tombstones in nt), with the sizes in registers and the
-         * counts kept once.
+         * about every other one. A slot does not keep its key's tag, so
+         * each live slot's key is read from its entry (prefetched
+         * REHASH_PF slots ahead: the entries lie anywhere); then each is
+         * placed as tab_insert_raw would (no tombstones in nt), with the
+         * sizes in registers and the counts kept once.
          * measured (a harness storing the micro shape, then removing every
-         * sequence tail first): the scan of the 2 M-slot prefix-key table
-         * when it shrinks to 512 k took 12.2 ms of the rehash's 14.7 ms
-         * (5.8 ns per slot); that rehash now takes 5.2-5.3 ms, the growth
-         * to 2 M slots 8.9-9.1 -> 7.5-8.2 ms; removal 99-104 -> 85-90 ns
-         * per block, cold store 145-176 -> 133-140 ns per block. */
+         * sequence tail first, 8-byte slots that kept the tag): the scan of
+         * the 2 M-slot prefix-key table when it shrinks to 512 k took 12.2
+         * ms of the rehash's 14.7 ms (5.8 ns per slot); that rehash now
+         * takes 5.2-5.3 ms, the growth to 2 M slots 8.9-9.1 -> 7.5-8.2 ms;
+         * removal 99-104 -> 85-90 ns per block, cold store 145-176 ->
+         * 133-140 ns per block. */
         const uint32_t omask = old->mask, nmask = nt->mask, nshift = nt->shift;
         uint32_t moved = 0;
-        uint64_t live[256];
+        uint32_t live[256], tag[256];
         const uint64_t n_old = (uint64_t)omask + 1;
         for (uint64_t base = 0; base < n_old; base += KVI_ARRAY_LEN(live)) {
             uint64_t end = base + KVI_ARRAY_LEN(live) < n_old ? base + KVI_ARRAY_LEN(live) : n_old;
-            uint32_t c = 0;
+            uint32_t n = 0;
             for (uint64_t i = base; i < end; i++) {
-                uint64_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
-                live[c] = s;
-                c += (s != 0) & ((uint32_t)s != KVI_TOMB);
+                uint32_t s = atomic_load_explicit(&old->s[i], memory_order_relaxed);
+                live[n] = s & KVI_TAB_IDX;
+                n += (s != 0) & ((s & KVI_TAB_IDX) != KVI_TOMB);
             }
-            for (uint32_t k = 0; k < c; k++) {
-                uint64_t s = live[k];
-                uint32_t j = tab_home_of(nshift, nmask, (uint32_t)(s >> 32));
+            /* the block's keys are read in passes, so that their cache
+             * misses overlap: entries (or seq hashes), then the member
+             * arrays of shared entries (slot maps), then the tags */
+            for (uint32_t k = 0; k < n; k++)
+                __builtin_prefetch(tab_key_addr(c, live[k]));
+            if (c->kind == TAB_MAP)
+                for (uint32_t k = 0; k < n; k++) {
+                    const struct kvi_entry *e = kvi__entry(p, live[k]);
+                    if (atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed) == KVI_MANY_BIT)
+                        __builtin_prefetch(kvi__mset(e, memory_order_relaxed));
+                }
+            for (uint32_t k = 0; k < n; k++)
+                tag[k] = tab_tag_at(c, live[k]);
+            for (uint32_t k = 0; k < n; k++) {
+                uint32_t j = tab_home_of(nshift, nmask, tag[k]);
                 while (atomic_load_explicit(&nt->s[j], memory_order_relaxed) != 0)
                     j = (j + 1) & nmask;
-                atomic_store_explicit(&nt->s[j], s, memory_order_relaxed); /* published below (W3) */
+                atomic_store_explicit(&nt->s[j], tab_slot(tag[k], live[k]), memory_order_relaxed); /* published below (W3) */
             }
-            moved += c;
+            moved += n;
         }
         nt->used = nt->live = moved;
     }
@@ -168,28 +205,27 @@ void kvi_ix__tab_rehash(struct kvi_part *p, struct kvi_table *tb, uint32_t cap, 
     }
 }
 
-
 /* Insert entry idx under a key whose tag is `tag` (W1). Writer. */
 void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag, uint32_t idx)
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL) {
-        kvi_ix__tab_rehash(p, tb, 16, c->kind != TAB_MAP);
+        kvi_ix__tab_rehash(p, c, tb, 16);
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     } else if (t->used >= t->grow_at) { /* (used + 1) / cap > 3/4 */
         uint32_t cap = t->mask + 1;
         if ((uint64_t)(t->live + 1) * 2 > cap)
             cap *= 2; /* else: same size, purge tombstones */
-        kvi_ix__tab_rehash(p, tb, cap, c->kind != TAB_MAP);
+        kvi_ix__tab_rehash(p, c, tb, cap);
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     }
     tab_insert_raw(t, tag, idx);
 }
 
-/* Make room for `m` inserts into tb (a query table when `readers`) that then
- * need no growth check: grow (or purge tombstones) once, to the capacity the
- * inserts one by one would have grown it to. Writer. */
-void kvi_ix__tab_room(struct kvi_part *p, struct kvi_table *tb, uint64_t m, bool readers)
+/* Make room for `m` inserts into tb that then need no growth check: grow
+ * (or purge tombstones) once, to the capacity the inserts one by one would
+ * have grown it to. Writer. */
+void kvi_ix__tab_room(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t m)
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t != NULL && (uint64_t)t->used + m <= t->grow_at)
@@ -201,59 +237,42 @@ void kvi_ix__tab_room(struct kvi_part *p, struct kvi_table *tb, uint64_t m, bool
         cap *= 2;
     if (cap > (1ull << 31))
         kvi_die("table too large (%llu keys)", (unsigned long long)(live + m));
-    kvi_ix__tab_rehash(p, tb, (uint32_t)cap, readers);
+    kvi_ix__tab_rehash(p, c, tb, (uint32_t)cap);
 }
 
-/* Writer-only tables (slot maps): delete by shifting the rest of the probe run
- * back, so they never hold tombstones and never need a purge. Not safe for
- * tables that queries read (a reader could miss a key while it moves). */
-static void tab_delete_shift(struct kvi_part *p, struct kvi_table *tb, uint32_t at)
-{
-    struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
-    uint32_t i = at, j = at;
-    for (;;) {
-        j = (j + 1) & t->mask;
-        uint64_t v = atomic_load_explicit(&t->s[j], memory_order_relaxed);
-        if (v == 0)
-            break;
-        uint32_t h = tab_home(t, (uint32_t)(v >> 32));
-        if (!shift_stays(i, j, h)) {
-            atomic_store_explicit(&t->s[i], v, memory_order_relaxed);
-            i = j;
-        }
-    }
-    atomic_store_explicit(&t->s[i], 0, memory_order_relaxed);
-    t->used--;
-    t->live--;
-    uint32_t cap = t->mask + 1;
-    if (cap > 64 && (uint64_t)t->live * 8 < cap)
-        kvi_ix__tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, false);
-}
-
-/* Tombstone the slot holding (a key with tag `tag`, idx); slot maps shift
- * instead. Shrinks when mostly empty. Writer. */
+/* Tombstone the slot holding (a key with tag `tag`, idx). A slot followed by
+ * a free one ends its probe run: it is freed rather than tombstoned, and so
+ * are the tombstones before it (no lookup needs to pass them: the writer
+ * alone inserts, and a lookup that stops there would have stopped at the
+ * free slot after). Shrinks when mostly empty. Writer. */
 static void tab_delete_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag, uint32_t idx)
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL)
         return;
     for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
-        uint64_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+        uint32_t s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
         if (s == 0)
             return;
-        if ((uint32_t)s == idx) {
-            if (c->kind == TAB_MAP) {
-                tab_delete_shift(p, tb, i);
-                return;
-            }
-            atomic_store_explicit(&t->s[i], (s & 0xffffffff00000000ull) | KVI_TOMB, memory_order_release);
-            t->live--;
+        if ((s & KVI_TAB_IDX) != idx)
+            continue;
+        t->live--;
+        if (atomic_load_explicit(&t->s[(i + 1) & t->mask], memory_order_relaxed) != 0) {
+            atomic_store_explicit(&t->s[i], KVI_TOMB, memory_order_release);
             break;
         }
+        for (uint32_t n = 0; n <= t->mask; n++, i = (i - 1) & t->mask) {
+            s = atomic_load_explicit(&t->s[i], memory_order_relaxed);
+            if (n > 0 && s != KVI_TOMB)
+                break;
+            atomic_store_explicit(&t->s[i], 0, memory_order_release);
+            t->used--;
+        }
+        break;
     }
     uint32_t cap = t->mask + 1;
     if (cap > 64 && (uint64_t)t->live * 8 < cap)
-        kvi_ix__tab_rehash(p, tb, cap / 4 > 16 ? cap / 4 : 16, c->kind != TAB_MAP);
+        kvi_ix__tab_rehash(p, c, tb, cap / 4 > 16 ? cap / 4 : 16);
 }
 
 void kvi_ix__tab_free_now(struct kvi_part *p, struct kvi_table *tb)
@@ -502,6 +521,14 @@ static bool entry_empty(const struct kvi_entry *e)
 }
 
 /* ---- content hashes kept aside ---------------------------------------------- */
+
+/* Deleting by shifting back (the aside map): may the key at j,
+ * whose home is h, move back to the free position i? Not if h lies in
+ * (i, j] cyclically (it would move before its home). */
+static inline bool shift_stays(uint32_t i, uint32_t j, uint32_t h)
+{
+    return i <= j ? (h > i && h <= j) : (h > i || h <= j);
+}
 
 /* Entries whose key is a stand-in (placed by seq hash alone) and whose
  * content hash is known: few, so an open-addressing map (load <= 1/2,
@@ -756,4 +783,92 @@ void kvi_ix__holding_add(const struct kvi_index *ix, struct kvi_part *p, struct 
                           memory_order_relaxed);
     kvi_relaxed_add(&p->holdings, 1);
     kvi_relaxed_add(&p->stored_blocks, 1);
+}
+
+/* ---- checking (tests) ------------------------------------------------------ */
+
+/* Check one table (see kvi_index_check_tables): its slots' fingerprints,
+ * homes, counts, and that each key finds its slot. *live_out: live slots. */
+static int tab_check(const struct tab_ctx *c, const struct kvi_table *tb, const char *name, uint32_t *live_out,
+                     char *why, size_t len)
+{
+    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_relaxed);
+    *live_out = 0;
+    if (t == NULL)
+        return 0;
+    uint32_t used = 0, live = 0;
+    for (uint32_t j = 0; j <= t->mask; j++) {
+        uint32_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[j], memory_order_relaxed);
+        if (s == 0)
+            continue;
+        used++;
+        uint32_t idx = s & KVI_TAB_IDX;
+        if (idx == KVI_TOMB)
+            continue;
+        live++;
+        bool ok;
+        uint64_t key = tab_key_of(c, idx, &ok);
+        uint32_t tag = kind_tag(c->ix, c->kind, key);
+        if (!ok || idx >= c->p->next_fresh || !entry_live(kvi__entry(c->p, idx))) {
+            snprintf(why, len, "%s slot %u names entry %u, not live or not held", name, j, idx);
+            return -1;
+        }
+        if (!tab_slot_may_be(s, tag)) {
+            snprintf(why, len, "%s slot %u (entry %u): fingerprint %u, key's %u", name, j, idx,
+                     s >> KVI_ENTRY_IDX_BITS, tag & ((1u << (32 - KVI_ENTRY_IDX_BITS)) - 1));
+            return -1;
+        }
+        for (uint32_t h = tab_home(t, tag); h != j; h = (h + 1) & t->mask)
+            if (atomic_load_explicit(&((struct kvi_tab *)t)->s[h], memory_order_relaxed) == 0) {
+                snprintf(why, len, "%s slot %u (entry %u): free slot %u between it and its home", name, j, idx, h);
+                return -1;
+            }
+        if (tab_find_t(c, tb, key, tag) != idx) {
+            snprintf(why, len, "%s slot %u: its key finds entry %u, not %u", name, j, tab_find_t(c, tb, key, tag),
+                     idx);
+            return -1;
+        }
+    }
+    if (used != t->used || live != t->live) {
+        snprintf(why, len, "%s counts used %u live %u, slots say %u and %u", name, t->used, t->live, used, live);
+        return -1;
+    }
+    *live_out = live;
+    return 0;
+}
+
+int kvi_index_check_tables(const struct kvi_index *ix, char *why, size_t len)
+{
+    uint32_t n_slots = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_relaxed);
+    for (uint32_t pi = 0; pi < ix->n_parts; pi++) {
+        const struct kvi_part *p = &ix->parts[pi];
+        struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
+        uint32_t live, entries = (uint32_t)atomic_load_explicit(&((struct kvi_part *)p)->entries, memory_order_relaxed);
+        if (tab_check(&kc, &p->ktab, "key table", &live, why, len) != 0)
+            return -1;
+        if (live != entries) {
+            snprintf(why, len, "partition %u: key table names %u entries of %u", pi, live, entries);
+            return -1;
+        }
+        if (tab_check(&sc, &p->stab, "seq table", &live, why, len) != 0)
+            return -1;
+        if (stab_on(p) && live != entries) {
+            snprintf(why, len, "partition %u: seq table names %u entries of %u", pi, live, entries);
+            return -1;
+        }
+        for (uint32_t id = 1; id < n_slots; id++) {
+            const struct kvi_slot *s = kvi__slot(ix, id);
+            if (s == NULL || inst_get(ix, s->instance)->part != pi)
+                continue;
+            struct tab_ctx mc = {ix, p, TAB_MAP, id};
+            if (tab_check(&mc, &s->map, "slot map", &live, why, len) != 0)
+                return -1;
+            uint32_t held = atomic_load_explicit(&((struct kvi_slot *)s)->n_blocks, memory_order_relaxed);
+            if (live != held) {
+                snprintf(why, len, "slot %u: map names %u entries, slot holds %u blocks", id, live, held);
+                return -1;
+            }
+        }
+    }
+    return 0;
 }

@@ -194,8 +194,9 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
 {
     size_t n = r->n;
     uint64_t m = n - from;
-    kvi_ix__tab_room(p, &p->ktab, m, true);
-    kvi_ix__tab_room(p, &s->map, m, false);
+    const struct tab_ctx kc = {ix, p, TAB_KEY, 0}, mc = {ix, p, TAB_MAP, s->id};
+    kvi_ix__tab_room(p, &kc, &p->ktab, m);
+    kvi_ix__tab_room(p, &mc, &s->map, m);
     struct kvi_tab *ktab = atomic_load_explicit(&p->ktab.t, memory_order_relaxed);
     struct kvi_tab *map = atomic_load_explicit(&s->map.t, memory_order_relaxed);
     const uint32_t one = s->id;
@@ -209,8 +210,8 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
         if (p->next_fresh == 0)
             p->next_fresh = 1; /* index 0 is KVI_NONE */
         uint64_t last = (uint64_t)p->next_fresh + (m - p->n_free) - 1;
-        if ((last >> KVI_ENTRY_CHUNK_SHIFT) >= KVI_ENTRY_CHUNKS_MAX)
-            kvi_die("partition entry space exhausted (%llu chunks)", (unsigned long long)(last >> KVI_ENTRY_CHUNK_SHIFT) + 1);
+        if (last >= KVI_ENTRY_IDX_END)
+            kvi_die("partition entry space exhausted (%llu entries)", (unsigned long long)last);
         for (uint32_t c = p->next_fresh >> KVI_ENTRY_CHUNK_SHIFT; c <= (uint32_t)(last >> KVI_ENTRY_CHUNK_SHIFT); c++)
             if (KVI_UNLIKELY(atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL))
                 kvi_ix__chunk_alloc(p, c);
@@ -503,13 +504,13 @@ static uint64_t tab_cap_for(uint64_t live)
     return cap;
 }
 
-/* Resize tb (a query table when `readers`) to hold `live` keys, pages touched. */
-static void tab_reserve(struct kvi_part *p, struct kvi_table *tb, uint64_t live, bool readers)
+/* Resize tb (of kind c->kind) to hold `live` keys, pages touched. */
+static void tab_reserve(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t live)
 {
     uint64_t cap = tab_cap_for(live);
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL || cap > (uint64_t)t->mask + 1)
-        kvi_ix__tab_rehash(p, tb, (uint32_t)cap, readers);
+        kvi_ix__tab_rehash(p, c, tb, (uint32_t)cap);
 }
 
 /*
@@ -523,14 +524,14 @@ static void tab_reserve(struct kvi_part *p, struct kvi_table *tb, uint64_t live,
  */
 int kvi_index_reserve(struct kvi_index *ix, uint32_t part, uint64_t entries)
 {
-    if (part >= ix->n_parts || entries >= (1ull << KVI_ENTRY_IDX_BITS) - 1 ||
-        tab_cap_for(entries) > (1ull << 31))
+    if (part >= ix->n_parts || entries >= KVI_ENTRY_IDX_END - 1 || tab_cap_for(entries) > (1ull << 31))
         return -EINVAL;
     struct kvi_part *p = &ix->parts[part];
     stab_maybe_build(ix, p);
-    tab_reserve(p, &p->ktab, entries, true);
+    struct tab_ctx kc = {ix, p, TAB_KEY, 0}, sc = {ix, p, TAB_SEQ, 0};
+    tab_reserve(p, &kc, &p->ktab, entries);
     if (stab_on(p))
-        tab_reserve(p, &p->stab, entries, true);
+        tab_reserve(p, &sc, &p->stab, entries);
     /* entry chunks through index `entries` (index 0 is never an entry) */
     uint32_t last = (uint32_t)((entries + KVI_ENTRY_CHUNK) >> KVI_ENTRY_CHUNK_SHIFT); /* chunks needed */
     for (uint32_t c = 0; c < last; c++)
@@ -550,7 +551,8 @@ int kvi_index_reserve_slot(struct kvi_index *ix, uint32_t instance, uint32_t dp_
     uint32_t sid = kvi_ix__slot_find(ix, instance, dp_rank, (uint8_t)tier);
     if (sid == KVI_NONE)
         sid = kvi_ix__slot_create(ix, instance, dp_rank, (uint8_t)tier);
-    tab_reserve(p, &kvi__slot(ix, sid)->map, blocks, false);
+    struct tab_ctx mc = {ix, p, TAB_MAP, sid};
+    tab_reserve(p, &mc, &kvi__slot(ix, sid)->map, blocks);
     return 0;
 }
 
@@ -786,9 +788,8 @@ static size_t slot_collect(struct kvi_part *p, struct kvi_slot *s)
         p->sortbuf = kvi_xrealloc(p->sortbuf, p->cap_sortbuf * sizeof(uint64_t));
     }
     for (uint32_t i = 0; i <= t->mask; i++) {
-        uint64_t v = atomic_load_explicit(&t->s[i], memory_order_relaxed);
-        uint32_t idx = (uint32_t)v;
-        if (v == 0 || idx == KVI_TOMB)
+        uint32_t idx = atomic_load_explicit(&t->s[i], memory_order_relaxed) & KVI_TAB_IDX;
+        if (idx == KVI_NONE || idx == KVI_TOMB)
             continue;
         p->sortbuf[m++] = ((uint64_t)kvi__entry(p, idx)->pos << 32) | idx;
     }

@@ -12,6 +12,7 @@
 
 #include "engine/hash.h"
 #include "engine/index.h"
+#include "engine/index_internal.h"
 #include "engine/rcu.h"
 #include "index_model.h"
 #include "rcu_group.h"
@@ -446,6 +447,12 @@ static bool check_stats(struct diff_run *r)
     ST(invalid_events)
     ST(unknown_blocks)
 #undef ST
+    /* the tables themselves: slots placed from keys read out of the entries */
+    char why[200];
+    if (kvi_index_check_tables(r->ix, why, sizeof why) != 0) {
+        fail_header(r, why);
+        return false;
+    }
     return true;
 }
 
