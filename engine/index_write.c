@@ -524,7 +524,7 @@ static void tab_reserve(struct kvi_part *p, const struct tab_ctx *c, struct kvi_
  */
 int kvi_index_reserve(struct kvi_index *ix, uint32_t part, uint64_t entries)
 {
-    if (part >= ix->n_parts || entries >= KVI_ENTRY_IDX_END - 1 || tab_cap_for(entries) > (1ull << 31))
+    if (part >= ix->n_parts || entries >= KVI_ENTRY_IDX_END || tab_cap_for(entries) > (1ull << 31))
         return -EINVAL;
     struct kvi_part *p = &ix->parts[part];
     stab_maybe_build(ix, p);
