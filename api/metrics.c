@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -337,18 +338,31 @@ static void render_writers(const struct kvi_metrics_src *src, struct kvi_buf *b)
 static void render_indexes(const struct kvi_metrics_src *src, struct kvi_buf *b)
 {
     struct kvi_nsreg *reg = kvi_service_nsreg(src->svc);
+#define STAT(f) offsetof(struct kvi_index_stats, f)
     struct {
         const char *name, *type, *help;
+        size_t off;  /* of the uint64_t field of struct kvi_index_stats */
+        bool sec;    /* the field is in ns, exposed in seconds */
     } m[] = {
-        {"kvidx_index_entries", "gauge", "distinct indexed prefixes (blocks)"},
-        {"kvidx_index_holdings", "gauge", "(block, worker slot) pairs held"},
-        {"kvidx_index_slots", "gauge", "live (instance, dp_rank, tier) slots"},
-        {"kvidx_index_bytes", "gauge", "bytes allocated by the index"},
-        {"kvidx_index_stored_blocks_total", "counter", "blocks newly stored"},
-        {"kvidx_index_removed_blocks_total", "counter", "blocks removed, cascades included"},
-        {"kvidx_index_parent_not_found_total", "counter", "stores rejected: parent unknown"},
-        {"kvidx_index_unknown_removes_total", "counter", "removes of unknown blocks (no-ops)"},
+        {"kvidx_index_entries", "gauge", "distinct indexed prefixes (blocks)", STAT(entries), false},
+        {"kvidx_index_holdings", "gauge", "(block, worker slot) pairs held", STAT(holdings), false},
+        {"kvidx_index_slots", "gauge", "live (instance, dp_rank, tier) slots", STAT(slots), false},
+        {"kvidx_index_bytes", "gauge", "bytes allocated by the index", STAT(bytes), false},
+        {"kvidx_index_stored_blocks_total", "counter", "blocks newly stored", STAT(stored_blocks), false},
+        {"kvidx_index_removed_blocks_total", "counter", "blocks removed, cascades included", STAT(removed_blocks),
+         false},
+        {"kvidx_index_parent_not_found_total", "counter", "stores rejected: parent unknown", STAT(parent_not_found),
+         false},
+        {"kvidx_index_unknown_removes_total", "counter", "removes of unknown blocks (no-ops)", STAT(unknown_removes),
+         false},
+        {"kvidx_index_table_rebuilds_total", "counter", "hash tables rebuilt to grow, shrink or purge tombstones",
+         STAT(table_rebuilds), false},
+        {"kvidx_index_table_rebuild_slots_total", "counter", "live table slots moved by those rebuilds",
+         STAT(table_rebuild_slots), false},
+        {"kvidx_index_table_rebuild_seconds_total", "counter", "writer time spent in those rebuilds",
+         STAT(table_rebuild_ns), true},
     };
+#undef STAT
     const size_t nm = sizeof m / sizeof m[0];
     kvi_rcu_read_lock();
     struct kvi_ns *list[256];
@@ -362,16 +376,13 @@ static void render_indexes(const struct kvi_metrics_src *src, struct kvi_buf *b)
     for (size_t k = 0; k < nm; k++) {
         put_help(b, m[k].name, m[k].type, m[k].help);
         for (size_t i = 0; i < n; i++) {
-            const struct kvi_index_stats *s = &st[i];
-            uint64_t v = k == 0 ? s->entries
-                         : k == 1 ? s->holdings
-                         : k == 2 ? s->slots
-                         : k == 3 ? s->bytes
-                         : k == 4 ? s->stored_blocks
-                         : k == 5 ? s->removed_blocks
-                         : k == 6 ? s->parent_not_found
-                                  : s->unknown_removes;
-            put_u64(b, m[k].name, lab2(l, sizeof l, "model", list[i]->model, "tenant", list[i]->tenant), v);
+            uint64_t v;
+            memcpy(&v, (const char *)&st[i] + m[k].off, sizeof v);
+            const char *lab = lab2(l, sizeof l, "model", list[i]->model, "tenant", list[i]->tenant);
+            if (m[k].sec)
+                put_sec(b, m[k].name, lab, v);
+            else
+                put_u64(b, m[k].name, lab, v);
         }
     }
     kvi_rcu_read_unlock();

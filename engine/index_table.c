@@ -133,11 +133,15 @@ static uint32_t tab_tag_at(const struct tab_ctx *c, uint32_t idx)
 /* (tab_insert_raw is in engine/index_impl.h: the store's fresh-tail loop inlines it.) */
 
 /* Rebuild with capacity `cap`, publish, retire the old array (query tables)
- * or free it at once (slot maps, never read by queries). */
+ * or free it at once (slot maps, never read by queries). A rebuild of an
+ * existing array is counted, with its moved slots and its time (two clock
+ * reads, beside the allocation and the pass over the old array that every
+ * rebuild makes). */
 void kvi_ix__tab_rehash(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t cap)
 {
     const bool readers = c->kind != TAB_MAP;
     struct kvi_tab *old = atomic_load_explicit(&tb->t, memory_order_relaxed);
+    const uint64_t t0 = old != NULL ? kvi_now_ns() : 0;
     struct kvi_tab *nt = tab_new(cap);
     part_account(p, (int64_t)tab_bytes(nt));
     if (old != NULL) {
@@ -196,6 +200,7 @@ void kvi_ix__tab_rehash(struct kvi_part *p, const struct tab_ctx *c, struct kvi_
             moved += n;
         }
         nt->used = nt->live = moved;
+        kvi_relaxed_add(&p->rebuild_slots, moved);
     }
     atomic_store_explicit(&tb->t, nt, memory_order_release); /* W3 */
     if (old != NULL) {
@@ -206,6 +211,8 @@ void kvi_ix__tab_rehash(struct kvi_part *p, const struct tab_ctx *c, struct kvi_
             part_account(p, -(int64_t)tab_bytes(old));
             kvi_ix__tab_free_mem(old);
         }
+        kvi_relaxed_add(&p->rebuilds, 1);
+        kvi_relaxed_add(&p->rebuild_ns, kvi_now_ns() - t0);
     }
 }
 

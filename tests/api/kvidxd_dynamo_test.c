@@ -197,6 +197,9 @@ static void test_metrics(void **state)
         "kvidx_writer_queued_ops{writer=\"0\"}",
         "kvidx_writer_lag_seconds{writer=\"1\"}",
         "kvidx_index_entries{model=\"m\",tenant=\"default\"}",
+        "# TYPE kvidx_index_table_rebuilds_total counter",
+        "kvidx_index_table_rebuild_slots_total{model=\"m\",tenant=\"default\"} ",
+        "kvidx_index_table_rebuild_seconds_total{model=\"m\",tenant=\"default\"} ",
         "kvidx_query_duration_seconds_count{route=\"/query\",dialect=\"dynamo\"} 2",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)

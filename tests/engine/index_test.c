@@ -2412,8 +2412,14 @@ static void test_reserve(void **state)
     kvi_rcu_read_unlock();
     assert_int_equal(r, 1);
     assert_int_equal(m[0].depth, 10);
-    /* storing up to the hint: no table replaced, no chunk added */
+    /* storing up to the hint: no table replaced (nor counted as rebuilt),
+     * no chunk added */
+    struct kvi_index_stats sr0, sr1;
+    kvi_index_stats(ix, &sr0);
     assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, N), 0);
+    kvi_index_stats(ix, &sr1);
+    assert_int_equal(sr1.table_rebuilds, sr0.table_rebuilds);
+    assert_int_equal(sr1.table_rebuild_slots, sr0.table_rebuild_slots);
     assert_ptr_equal(atomic_load(&p->ktab.t), kt);
     assert_ptr_equal(atomic_load(&kvi__slot(ix, sid)->map.t), mt);
     assert_int_equal(p->n_chunks, chunks);
@@ -2459,6 +2465,60 @@ static void test_reserve(void **state)
     assert_int_equal(m[0].depth, 4);
     free(b);
     free(c);
+    kvi_index_destroy(ix);
+}
+
+/*
+ * Table rebuild counters (kvi_index_stats.table_rebuild_*): a chain stored
+ * 100 blocks at a time grows the key table and the slot's map alike. A run's
+ * first block is inserted alone (its parent is not this store's: the table
+ * is created at 16 slots for the very first), then room is made for the 99
+ * others at once, doubling past 3/4 used: rebuilt to 256 slots with 1 key
+ * in, then to 512, 1,024, 2,048 and 4,096 with 101, 301, 701 and 1,501
+ * keys in, so 5 rebuilds moving 2,605 slots per table. The first array of
+ * a table is not a rebuild. Removing the chain shrinks both, each shrink
+ * counted with the slots it moved; time is counted with them.
+ */
+static void test_rebuild_counters(void **state)
+{
+    (void)state;
+    struct kvi_index_config cfg = {.block_size = 16, .n_parts = 1, .key_seed = 5};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    uint32_t w = (uint32_t)kvi_index_intern_instance(ix, 1, NULL, false);
+    enum { RUN = 100, RUNS = 30, N = RUN * RUNS };
+    struct kvi_block *b = calloc(N, sizeof *b);
+    uint64_t *eh = xalloc_u64(N);
+    assert_non_null(b);
+    for (uint32_t i = 0; i < N; i++) {
+        eh[i] = 0x5100000000ull + i * 0x9e3779b97f4a7c15ull;
+        b[i] = (struct kvi_block){eh[i], 0x77000 + i};
+    }
+    struct kvi_index_stats st;
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, RUN), 0);
+    kvi_index_stats(ix, &st);
+    assert_int_equal(st.table_rebuilds, 2); /* the root's 16 slots, then room for 99 more */
+    assert_int_equal(st.table_rebuild_slots, 2);
+    for (uint32_t r = 1; r < RUNS; r++)
+        assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, true, eh[r * RUN - 1], b + r * RUN, RUN), 0);
+    kvi_index_stats(ix, &st);
+    assert_int_equal(st.holdings, N);
+    assert_int_equal(st.table_rebuilds, 2 * 5);
+    assert_int_equal(st.table_rebuild_slots, 2 * (1 + 101 + 301 + 701 + 1501));
+    assert_true(st.table_rebuild_ns > 0);
+    /* tail first, a run at a time: live falls under 1/8 of 4,096 at 511
+     * keys (shrunk to 1,024), under 1/8 of 1,024 at 127 (to 256) and under
+     * 1/8 of 256 at 31 (to 64): 3 rebuilds per table */
+    uint64_t ns = st.table_rebuild_ns;
+    for (uint32_t r = RUNS; r-- > 0;) /* known: the run's first; the rest go as its descendants */
+        assert_int_equal(kvi_index_remove(ix, w, 0, KVI_TIER_GPU, eh + r * RUN, RUN), 1);
+    kvi_index_stats(ix, &st);
+    assert_int_equal(st.holdings, 0);
+    assert_int_equal(st.table_rebuilds, 2 * 5 + 2 * 3);
+    assert_int_equal(st.table_rebuild_slots, 2 * (1 + 101 + 301 + 701 + 1501) + 2 * (511 + 127 + 31));
+    assert_true(st.table_rebuild_ns > ns);
+    free(eh);
+    free(b);
     kvi_index_destroy(ix);
 }
 
@@ -2789,6 +2849,7 @@ int main(void)
         cmocka_unit_test(test_child_list_unlink),
         cmocka_unit_test(test_store_rename_then_reuse_name),
         cmocka_unit_test(test_reserve),
+        cmocka_unit_test(test_rebuild_counters),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
