@@ -179,9 +179,9 @@ struct kvi_index_stats {
     uint64_t unknown_blocks; /* token-less stores that resolved to nothing */
     uint64_t invalid_events;
     /* table rebuilds: an existing key table, seq table or slot map rebuilt
-     * into a new array, to grow, to shrink or to purge tombstones (the
-     * first array of a table and kvi_index_stats' other fields excepted).
-     * Their time is the writer's, taken from the call that needed room. */
+     * into a new array, to grow, to shrink or to purge tombstones (a
+     * table's first array is not one). Their time is the writer's, spent
+     * inside the write (or reserve) call that needed the rebuild. */
     uint64_t table_rebuilds;
     uint64_t table_rebuild_slots; /* live slots moved by them */
     uint64_t table_rebuild_ns;    /* monotonic time spent in them */
