@@ -127,6 +127,7 @@ struct kvi_service {
     _Atomic bool recovery_running;
     _Atomic int recovery_result;
     _Atomic bool gate_open;
+    bool startup_registered;     /* control thread: svc_startup has registered every --workers entry */
     _Atomic uint64_t registered; /* instances, for the min-initial-workers gate */
     struct kvi_recovery_stats rstats; /* under mu */
 };
@@ -595,10 +596,11 @@ static void update_registered(struct kvi_service *svc)
     atomic_store(&svc->registered, n);
 }
 
-/* Open the listeners' gate once recovery is over and enough instances are registered. */
+/* Open the listeners' gate once every --workers entry has been registered,
+ * recovery is over and enough instances are registered. Control thread. */
 static void maybe_open_gate(struct kvi_service *svc)
 {
-    if (atomic_load(&svc->gate_open) || atomic_load(&svc->recovery_running))
+    if (atomic_load(&svc->gate_open) || !svc->startup_registered || atomic_load(&svc->recovery_running))
         return;
     uint64_t min = svc->cfg.min_initial_workers;
     if (min > 0 && atomic_load(&svc->registered) < min)
@@ -1424,6 +1426,10 @@ static void svc_startup(struct kvi_service *svc, void *arg)
             kvi_log_error("--workers entry %" PRIu64 ":%" PRIu32 "=%s: %s", ws->instance_id, ws->dp_rank,
                           ws->endpoint, err.msg);
     }
+    /* Until now each registration left the gate shut: /ready said ready
+     * after the first --workers entry, with the others still to come (a
+     * flaky api_kvidxd_cli_test under ASan showed it) */
+    svc->startup_registered = true;
     if (svc->cfg.n_peers > 0) {
         struct kvi_recovery_stats st = {0};
         enum kvi_recovery_result res = kvi_recovery_run(svc, svc->cfg.peers, svc->cfg.n_peers,

@@ -134,6 +134,34 @@ static void test_signals(void **state)
     }
 }
 
+/* /ready waits for every --workers entry. The gate used to open with the
+ * first registration, so /workers could still miss entries after /ready:
+ * test_signals' 2 entries failed once under ASan in CI, and this test
+ * failed in 1 of 3 runs of the old code (Release). */
+static void test_ready_after_all_workers(void **state)
+{
+    (void)state;
+    enum { N = 60 };
+    char spec[N * 40] = "";
+    size_t o = 0;
+    for (int i = 1; i <= N; i++)
+        o += (size_t)snprintf(spec + o, sizeof spec - o, "%s%d=tcp://127.0.0.1:%d", i > 1 ? "," : "", i, 7000 + i);
+    const char *args[] = {"--workers", spec, "--block-size", "16", NULL};
+    struct kfx_daemon d;
+    kfx_start(&d, args, NULL);
+    assert_true(KFX_WAIT(kfx_get_has(&d, "/ready", 200, NULL), KFX_WAIT_MS));
+    struct kfx_resp r;
+    assert_int_equal(kfx_get(&d, "/workers", &r), 200);
+    for (int i = 1; i <= N; i++) {
+        char want[48];
+        snprintf(want, sizeof want, "\"instance_id\":%d,", i);
+        if (strstr(r.body, want) == NULL)
+            fail_msg("/ready answered 200 before --workers entry %d was registered", i);
+    }
+    kfx_resp_free(&r);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
 static void test_min_initial_workers(void **state)
 {
     (void)state;
@@ -229,6 +257,7 @@ int main(void)
         cmocka_unit_test_teardown(test_help, teardown),
         cmocka_unit_test_teardown(test_startup_errors, teardown),
         cmocka_unit_test_teardown(test_signals, teardown),
+        cmocka_unit_test_teardown(test_ready_after_all_workers, teardown),
         cmocka_unit_test_teardown(test_min_initial_workers, teardown),
         cmocka_unit_test_teardown(test_stop_while_recovering, teardown),
         cmocka_unit_test_teardown(test_tls, teardown),
