@@ -490,10 +490,10 @@ void kvi_index_stats(const struct kvi_index *ix, struct kvi_index_stats *st)
         SUM(unknown_removes);
         SUM(unknown_blocks);
         SUM(invalid_events);
+        SUM(table_rebuilds);
+        SUM(table_rebuild_slots);
+        SUM(table_rebuild_ns);
 #undef SUM
-        st->table_rebuilds += atomic_load_explicit(&((struct kvi_part *)p)->rebuilds, memory_order_relaxed);
-        st->table_rebuild_slots += atomic_load_explicit(&((struct kvi_part *)p)->rebuild_slots, memory_order_relaxed);
-        st->table_rebuild_ns += atomic_load_explicit(&((struct kvi_part *)p)->rebuild_ns, memory_order_relaxed);
     }
     uint32_t n_ids = atomic_load_explicit(&((struct kvi_index *)ix)->n_slot_ids, memory_order_acquire);
     for (uint32_t id = 1; id < n_ids; id++) {

@@ -123,8 +123,8 @@ static inline uint32_t kind_tag(const struct kvi_index *ix, enum tab_kind kind, 
     return kind == TAB_KEY ? key_tag(key) : tab_tag(ix, key);
 }
 
-/* A key's home slot is the top bits of its 32-bit tag: a rehash places every
- * slot from its tag alone, without touching the entry the slot points to. */
+/* A key's home slot is the top bits of its 32-bit tag (a slot keeps only the
+ * tag's low bits: a rehash reads each key again to place its slot). */
 static inline uint32_t tab_home_of(uint32_t shift, uint32_t mask, uint32_t tag)
 {
     return (uint32_t)(((uint64_t)tag << 32) >> shift) & mask;

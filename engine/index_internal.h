@@ -231,9 +231,9 @@ struct kvi_part {
     _Atomic uint64_t unknown_removes;
     _Atomic uint64_t unknown_blocks;
     _Atomic uint64_t invalid_events;
-    _Atomic uint64_t rebuilds;      /* kvi_index_stats.table_rebuilds */
-    _Atomic uint64_t rebuild_slots; /* .table_rebuild_slots */
-    _Atomic uint64_t rebuild_ns;    /* .table_rebuild_ns */
+    _Atomic uint64_t table_rebuilds; /* kvi_index_stats.table_rebuild* */
+    _Atomic uint64_t table_rebuild_slots;
+    _Atomic uint64_t table_rebuild_ns;
     _Atomic uint64_t wgen; /* R: bumped on every membership change */
 } KVI_CACHE_ALIGNED;
 

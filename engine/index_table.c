@@ -200,7 +200,7 @@ void kvi_ix__tab_rehash(struct kvi_part *p, const struct tab_ctx *c, struct kvi_
             moved += n;
         }
         nt->used = nt->live = moved;
-        kvi_relaxed_add(&p->rebuild_slots, moved);
+        kvi_relaxed_add(&p->table_rebuild_slots, moved);
     }
     atomic_store_explicit(&tb->t, nt, memory_order_release); /* W3 */
     if (old != NULL) {
@@ -211,8 +211,8 @@ void kvi_ix__tab_rehash(struct kvi_part *p, const struct tab_ctx *c, struct kvi_
             part_account(p, -(int64_t)tab_bytes(old));
             kvi_ix__tab_free_mem(old);
         }
-        kvi_relaxed_add(&p->rebuilds, 1);
-        kvi_relaxed_add(&p->rebuild_ns, kvi_now_ns() - t0);
+        kvi_relaxed_add(&p->table_rebuilds, 1);
+        kvi_relaxed_add(&p->table_rebuild_ns, kvi_now_ns() - t0);
     }
 }
 

@@ -64,7 +64,6 @@ static inline uint64_t eh_at(struct eh_view v, size_t i)
     return v.base[i * v.stride];
 }
 
-
 /* Stand-in prefix key of an entry placed by its seq hash alone. Its content
  * chain is unknown, so content queries of an index holding such entries go
  * through the seq table (has_seq_only) and never compute this key. */
