@@ -447,8 +447,8 @@ static void print_row(const struct kvi_trace_run_result *r)
     printf("%-10s %9.1f %9.3f %9.3f %9.3f %8.3f %7.2f %7.2f %7.2f %8.2f %9.1f %6.2f%% %8.2f %6.0f%% %s\n", r->backend,
            r->window_ms, r->offered_block_ops_per_s / 1e6, r->achieved_block_ops_per_s / 1e6,
            r->achieved_block_ops_per_s / 1e6 / cores_for(r->threads), r->achieved_ops_per_s / 1e6,
-           (double)r->find_p50_ns / 1e3, (double)r->find_p95_ns / 1e3, (double)r->find_p99_ns / 1e3,
-           (double)r->find_p999_ns / 1e3, (double)r->find_max_ns / 1e3, r->backlog_pct, (double)r->lag_p99_ns / 1e6,
+           (double)r->find.p50 / 1e3, (double)r->find.p95 / 1e3, (double)r->find.p99 / 1e3,
+           (double)r->find.p999 / 1e3, (double)r->find.max / 1e3, r->backlog_pct, (double)r->lag_p99_ns / 1e6,
            r->elapsed_ms > 0 ? 100.0 * r->writer_busy_ms / r->elapsed_ms / (r->threads - r->readers) : 0.0, verdict);
     if (r->rejected)
         printf("%-10s   warning: %llu stores rejected (parent unknown)\n", "", (unsigned long long)r->rejected);
@@ -560,7 +560,7 @@ static void print_summary(const struct series *s, size_t n)
         if (b)
             printf("  %-10s keeps up at %8.3f M (%7.3f M per core), find p50 %.2f us, p99 %.2f us", name,
                    b->offered_block_ops_per_s / 1e6, b->offered_block_ops_per_s / 1e6 / cores_for(b->threads),
-                   (double)b->find_p50_ns / 1e3, (double)b->find_p99_ns / 1e3);
+                   (double)b->find.p50 / 1e3, (double)b->find.p99 / 1e3);
         else
             printf("  %-10s keeps up at no measured load", name);
         if (p)
@@ -574,7 +574,7 @@ static void print_summary(const struct series *s, size_t n)
         if (strcmp(name, "kvidx") && b)
             printf("  kvidx / %-10s keep-up block-ops/s ratio %.2f, find p99 ratio %.2f\n", name,
                    kv->offered_block_ops_per_s / b->offered_block_ops_per_s,
-                   b->find_p99_ns ? (double)kv->find_p99_ns / (double)b->find_p99_ns : 0.0);
+                   b->find.p99 ? (double)kv->find.p99 / (double)b->find.p99 : 0.0);
     }
 }
 
@@ -626,9 +626,9 @@ static int write_json(const char *path, const struct kvi_trace *t, const struct 
                     "\"latency_p999_us\":%.3f,\"latency_max_us\":%.3f,\"backlog_pct\":%.3f,\"threads\":%u,"
                     "\"valid\":%s,\"keep_up\":%s}",
                     j ? "," : "", r->window_ms, r->elapsed_ms, r->offered_ops_per_s, r->achieved_ops_per_s,
-                    r->offered_block_ops_per_s, r->achieved_block_ops_per_s, (double)r->find_p50_ns / 1e3,
-                    (double)r->find_p95_ns / 1e3, (double)r->find_p99_ns / 1e3, (double)r->find_p999_ns / 1e3,
-                    (double)r->find_max_ns / 1e3, r->backlog_pct, r->threads, r->valid ? "true" : "false",
+                    r->offered_block_ops_per_s, r->achieved_block_ops_per_s, (double)r->find.p50 / 1e3,
+                    (double)r->find.p95 / 1e3, (double)r->find.p99 / 1e3, (double)r->find.p999 / 1e3,
+                    (double)r->find.max / 1e3, r->backlog_pct, r->threads, r->valid ? "true" : "false",
                     r->keep_up ? "true" : "false");
         }
         fprintf(f, "]");
@@ -654,7 +654,7 @@ static void write_outputs(const struct kvi_trace *t, const struct kvi_trace_work
     for (size_t i = 0; i < n; i++) {
         for (size_t j = 0; j < s[i].n; j++)
             pts[i][j] = (struct kvi_plot_point){s[i].r[j].offered_block_ops_per_s, s[i].r[j].achieved_block_ops_per_s,
-                                                (double)s[i].r[j].find_p99_ns, s[i].r[j].keep_up};
+                                                (double)s[i].r[j].find.p99, s[i].r[j].keep_up};
         lines[i] = (struct kvi_plot_line){kvi_trace_backend_name(s[i].be), pts[i], s[i].n};
     }
     char title[256], msg[PATH_MAX * 2 + 64];
@@ -682,7 +682,7 @@ static void print_final(const struct kvi_trace *t, const struct kvi_trace_worklo
            "\"backlog_pct\":%.3f%s}\n",
            w->n_workers_total, b->valid ? "true" : "false", b->keep_up ? "true" : "false",
            b->offered_block_ops_per_s, b->achieved_block_ops_per_s, b->threads,
-           (unsigned long long)b->find_p50_ns, (unsigned long long)b->find_p99_ns, b->backlog_pct,
+           (unsigned long long)b->find.p50, (unsigned long long)b->find.p99, b->backlog_pct,
            e2e ? ",\"mode\":\"e2e\"" : "");
 }
 

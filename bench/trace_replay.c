@@ -582,14 +582,7 @@ void kvi_trace_result_derive(const struct kvi_trace_workload *w, const struct kv
     res->achieved_block_ops_per_s = el_s > 0 ? (double)res->block_ops_issued / el_s : 0;
     res->issue_ok = res->ops_issued == res->ops_total && res->issue_end_ms <= 1.01 * cfg->window_ms;
     res->keep_up = res->elapsed_ms <= 1.10 * cfg->window_ms;
-    struct kvi_hist_summary fs;
-    kvi_hist_summarize(find, &fs);
-    res->find_p50_ns = fs.p50;
-    res->find_p95_ns = fs.p95;
-    res->find_p99_ns = fs.p99;
-    res->find_p999_ns = fs.p999;
-    res->find_max_ns = fs.max;
-    res->find_mean_ns = fs.mean;
+    kvi_hist_summarize(find, &res->find);
     res->lag_p99_ns = kvi_hist_percentile(lag, 99);
     res->lag_max_ns = lag->count ? lag->max : 0;
     res->mean_best_depth = res->hit_queries ? (double)best_depth_sum / (double)res->hit_queries : 0;

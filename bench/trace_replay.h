@@ -116,8 +116,7 @@ struct kvi_trace_run_result {
     bool keep_up;            /* elapsed <= 1.10 x window */
     uint32_t threads;        /* lanes + writers */
     uint32_t readers;        /* lanes */
-    uint64_t find_p50_ns, find_p95_ns, find_p99_ns, find_p999_ns, find_max_ns;
-    double find_mean_ns;
+    struct kvi_hist_summary find;      /* find_matches service time, ns */
     uint64_t lag_p99_ns, lag_max_ns;   /* issue time - due time */
     uint64_t hit_queries;              /* queries with some match */
     double mean_best_depth;            /* of hit queries, blocks */

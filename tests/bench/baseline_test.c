@@ -308,7 +308,7 @@ static void test_replay(void **state)
         assert_true(r.backlog_events <= r.events_total);
         assert_true(r.elapsed_ms >= r.issue_end_ms);
         assert_true(r.issue_end_ms >= 0.9 * 300);
-        assert_true(r.find_p50_ns > 0 && r.find_p50_ns <= r.find_p99_ns && r.find_p99_ns <= r.find_max_ns);
+        assert_true(r.find.p50 > 0 && r.find.p50 <= r.find.p99 && r.find.p99 <= r.find.max);
         assert_int_equal(r.threads, 4);
         assert_true(r.offered_block_ops_per_s > 0);
         assert_true(r.hit_queries > 0);
