@@ -1426,9 +1426,8 @@ static void svc_startup(struct kvi_service *svc, void *arg)
             kvi_log_error("--workers entry %" PRIu64 ":%" PRIu32 "=%s: %s", ws->instance_id, ws->dp_rank,
                           ws->endpoint, err.msg);
     }
-    /* Until now each registration left the gate shut: /ready said ready
-     * after the first --workers entry, with the others still to come (a
-     * flaky api_kvidxd_cli_test under ASan showed it) */
+    /* the registrations above left the gate shut (maybe_open_gate), so that
+     * /ready never answers ready with --workers entries still to come */
     svc->startup_registered = true;
     if (svc->cfg.n_peers > 0) {
         struct kvi_recovery_stats st = {0};
