@@ -43,10 +43,13 @@
  *     Re-storing the removed block does not resurrect its descendants.
  *   - A store whose parent engine hash the slot does not know is rejected
  *     (-ENOENT). Lower-tier (cpu/disk/external) stores may name a parent held
- *     on another tier of the same (instance, dp_rank).
+ *     on another tier of the same (instance, dp_rank); lower-tier stores
+ *     given standard seq hashes whose parent the rank does not hold at all
+ *     are placed by position (kvi_index_store_seq).
  *   - Duplicate stores are idempotent; unknown removes are no-ops.
  *   - clear(instance) drops every block of the instance on every dp rank and
- *     tier; the slots stay known with size 0.
+ *     tier; clear_dp_rank(instance, rank) drops one rank's (every tier). The
+ *     slots stay known with size 0.
  *
  * QUERIES
  *   Because gpu holdings are ancestor-closed, the set of gpu slots holding the
@@ -174,7 +177,9 @@ struct kvi_index_stats {
     uint64_t bytes;          /* bytes allocated by the index */
     uint64_t stored_blocks;  /* blocks newly stored */
     uint64_t removed_blocks; /* blocks removed, cascades included */
-    uint64_t parent_not_found;
+    uint64_t parent_not_found; /* stores rejected: parent unknown (-ENOENT) */
+    uint64_t parent_elsewhere; /* lower-tier seq-hash stores whose parent no slot of the
+                                * rank holds, placed by position instead */
     uint64_t unknown_removes;
     uint64_t unknown_blocks; /* token-less stores that resolved to nothing */
     uint64_t invalid_events;
@@ -247,10 +252,18 @@ int kvi_index_store(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, e
  * (RFC 1527 publishers): block i sits at @p position + i with seq hash
  * @p seq[i]. Content hashes must be known (tokens sent) for the blocks to be
  * reachable by content-hash queries; see kvi_index_find_matches_by_seq.
- * With has_parent the parent must be known to the slot and the run is
- * attached to it (@p position is then ignored). Single writer only.
- * @return 0, -ENOENT (unknown parent), -EINVAL (position > 0 with no parent on
- *         the gpu tier, or repeated engine hashes).
+ * With has_parent the run is attached to the parent when some slot of
+ * (instance, dp_rank) holds it (the slot itself, or on a lower tier another
+ * tier of the rank). On a lower tier a run whose parent the rank does not
+ * hold (another backend's, or nobody's) is placed by position instead, a
+ * root of its slot, since the seq hash names the whole prefix: at @p position
+ * (> 0; the publisher's base_block_idx), as a run placed without a parent,
+ * and counted in kvi_index_stats.parent_elsewhere. Without a parent, or with
+ * one the rank holds, a run needs no position.
+ * Single writer only.
+ * @return 0, -ENOENT (unknown parent on the gpu tier, or on a lower tier with
+ *         @p position 0), -EINVAL (position > 0 with no parent on the gpu tier,
+ *         or repeated engine hashes).
  */
 int kvi_index_store_seq(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank,
                         enum kvi_tier tier, bool has_parent, uint64_t parent_engine_hash,
@@ -314,6 +327,14 @@ size_t kvi_index_remove(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
 
 /** Drop every block of @p instance on every dp rank and tier; slots stay. */
 void kvi_index_clear(struct kvi_index *ix, uint32_t instance);
+
+/**
+ * Drop every block of (@p instance, @p dp_rank) on every tier; its slots stay
+ * known with size 0, and the instance's other ranks keep theirs (an engine's
+ * AllBlocksCleared comes from one data-parallel rank's scheduler). Unknown
+ * instances and ranks are no-ops. Single writer only.
+ */
+void kvi_index_clear_dp_rank(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank);
 
 /** Drop one dp rank of @p instance (all tiers) and forget its slots. */
 void kvi_index_remove_dp_rank(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank);

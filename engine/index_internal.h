@@ -228,6 +228,7 @@ struct kvi_part {
     _Atomic uint64_t stored_blocks;
     _Atomic uint64_t removed_blocks;
     _Atomic uint64_t parent_not_found;
+    _Atomic uint64_t parent_elsewhere; /* kvi_index_stats.parent_elsewhere */
     _Atomic uint64_t unknown_removes;
     _Atomic uint64_t unknown_blocks;
     _Atomic uint64_t invalid_events;

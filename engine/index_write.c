@@ -296,15 +296,25 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
                     prev = map_find(ix, p, o, parent_eh);
             }
         }
-        if (prev == KVI_NONE) {
+        if (prev == KVI_NONE && (seq == NULL || tier == KVI_TIER_GPU || position == 0)) {
             kvi_relaxed_add(&p->parent_not_found, 1);
             return -ENOENT;
         }
-        struct kvi_entry *pe = kvi__entry(p, prev);
-        pos0 = pe->pos + 1;
-        k = pe->key;
-        if (son)
-            sq = *kvi__seqp(p, prev);
+        if (prev == KVI_NONE) {
+            /* RFC 1527: the seq hash names the whole prefix, so a lower-tier
+             * run whose parent no slot of the rank holds (another backend's,
+             * or nobody's) is placed at its given position, a root of its
+             * slot, like a run placed without a parent */
+            kvi_relaxed_add(&p->parent_elsewhere, 1);
+            pos0 = position;
+            seq_only = true;
+        } else {
+            struct kvi_entry *pe = kvi__entry(p, prev);
+            pos0 = pe->pos + 1;
+            k = pe->key;
+            if (son)
+                sq = *kvi__seqp(p, prev);
+        }
     } else if (position > 0) {
         if (seq == NULL || tier == KVI_TIER_GPU) {
             kvi_relaxed_add(&p->invalid_events, 1);
@@ -567,7 +577,7 @@ int kvi_index_store_seq(struct kvi_index *ix, uint32_t instance, uint32_t dp_ran
                         const struct kvi_block *blocks, const uint64_t *seq, size_t n)
 {
     struct run r = {.b = blocks, .seq = seq, .n = n};
-    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, has_parent ? 0 : position, &r);
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, position, &r);
 }
 
 int kvi_index_store_seq_only(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,
@@ -577,7 +587,7 @@ int kvi_index_store_seq_only(struct kvi_index *ix, uint32_t instance, uint32_t d
     if (n > 0 && (engine_hashes == NULL || seq == NULL))
         return -EINVAL;
     struct run r = {.eh = engine_hashes, .seq = seq, .n = n};
-    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, has_parent ? 0 : position, &r);
+    return do_store(ix, instance, dp_rank, tier, has_parent, parent_engine_hash, position, &r);
 }
 
 /* ---- store by engine hash, remove ------------------------------------------- */
@@ -806,29 +816,38 @@ static void slot_clear(struct kvi_index *ix, struct kvi_part *p, struct kvi_slot
     kvi_ix__tab_free_now(p, &s->map);
 }
 
-static void slot_forget(struct kvi_index *ix, struct kvi_part *p, struct kvi_instance *in, uint32_t sid)
+/* Forget the slots of `in` marked in `gone` (indexes into its current list):
+ * one new list without them, the old one retired, their ids recycled after
+ * a grace period. Linear in the instance's slots. */
+static void slots_forget(struct kvi_index *ix, struct kvi_part *p, struct kvi_instance *in, const bool *gone)
 {
-    struct kvi_slot *s = kvi__slot(ix, sid);
-    atomic_store_explicit(&s->live, false, memory_order_release);
     struct kvi_slotlist *old = atomic_load_explicit(&in->slots, memory_order_relaxed);
     uint32_t n = old->n;
     struct kvi_slotlist *nl = kvi_xmalloc(sizeof *nl + n * sizeof(uint32_t));
     part_account(p, (int64_t)(sizeof *nl + n * sizeof(uint32_t)));
     nl->n = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (old->id[i] != sid)
-            nl->id[nl->n++] = old->id[i];
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t sid = old->id[i];
+        if (!gone[i]) {
+            nl->id[nl->n++] = sid;
+            continue;
+        }
+        atomic_store_explicit(&kvi__slot(ix, sid)->live, false, memory_order_release);
+        if (p->n_pending_slots == p->cap_pending_slots) {
+            p->cap_pending_slots = p->cap_pending_slots ? p->cap_pending_slots * 2 : 16;
+            p->pending_slots = kvi_xrealloc(p->pending_slots, p->cap_pending_slots * sizeof(uint32_t));
+        }
+        p->pending_slots[p->n_pending_slots++] = sid;
+    }
     atomic_store_explicit(&in->slots, nl, memory_order_release);
     kvi_ix__retire(p, old, sizeof *old + n * sizeof(uint32_t));
-    if (p->n_pending_slots == p->cap_pending_slots) {
-        p->cap_pending_slots = p->cap_pending_slots ? p->cap_pending_slots * 2 : 16;
-        p->pending_slots = kvi_xrealloc(p->pending_slots, p->cap_pending_slots * sizeof(uint32_t));
-    }
-    p->pending_slots[p->n_pending_slots++] = sid;
 }
 
 /* Clear (and optionally forget) the slots of an instance matching rank
- * (UINT32_MAX = every rank). */
+ * (UINT32_MAX = every rank): lower tiers first, since their entries may hang
+ * below gpu entries. One pass per tier over the slot list, and one new list
+ * when forgetting: linear in the instance's slots and holdings, however many
+ * ranks it has. */
 static void instance_drop(struct kvi_index *ix, uint32_t instance, uint32_t rank, bool forget)
 {
     if (instance >= atomic_load_explicit(&ix->n_instances, memory_order_acquire))
@@ -837,29 +856,33 @@ static void instance_drop(struct kvi_index *ix, uint32_t instance, uint32_t rank
     struct kvi_part *p = &ix->parts[in->part];
     stab_maybe_build(ix, p);
     struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
-    if (sl == NULL)
+    if (sl == NULL || sl->n == 0)
         return;
-    /* lower tiers first: their entries may hang below gpu entries */
-    for (int tier = KVI_TIER_COUNT - 1; tier >= 0; tier--) {
-        sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
+    bool *gone = kvi_xcalloc(sl->n, sizeof(bool));
+    bool any = false;
+    for (int tier = KVI_TIER_COUNT - 1; tier >= 0; tier--)
         for (uint32_t i = 0; i < sl->n; i++) {
             struct kvi_slot *s = kvi__slot(ix, sl->id[i]);
             if (s->tier != tier || (rank != UINT32_MAX && s->dp_rank != rank))
                 continue;
             slot_clear(ix, p, s);
-            if (forget) {
-                slot_forget(ix, p, in, s->id);
-                sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
-                i = (uint32_t)-1; /* restart: the list changed */
-            }
+            gone[i] = true;
+            any = true;
         }
-    }
+    if (forget && any)
+        slots_forget(ix, p, in, gone);
+    free(gone);
     maybe_reclaim(ix, in->part);
 }
 
 void kvi_index_clear(struct kvi_index *ix, uint32_t instance)
 {
     instance_drop(ix, instance, UINT32_MAX, false);
+}
+
+void kvi_index_clear_dp_rank(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank)
+{
+    instance_drop(ix, instance, dp_rank, false);
 }
 
 void kvi_index_remove_dp_rank(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank)

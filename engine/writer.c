@@ -255,6 +255,10 @@ static void apply(struct kvi_writer *w, struct kvi_op *op)
         kvi_index_clear(op->ix, op->instance);
         mark_dirty(w, op->ix);
         break;
+    case KVI_OP_CLEAR_DP_RANK:
+        kvi_index_clear_dp_rank(op->ix, op->instance, op->dp_rank);
+        mark_dirty(w, op->ix);
+        break;
     case KVI_OP_REMOVE_DP_RANK:
         kvi_index_remove_dp_rank(op->ix, op->instance, op->dp_rank);
         mark_dirty(w, op->ix);

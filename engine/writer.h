@@ -51,6 +51,7 @@ enum kvi_op_type {
     KVI_OP_STORE_SEQ_ONLY,   /* kvi_index_store_seq_only: blocks[i].engine_hash + seq[i];
                               * parent / position as STORE with seq (content_hash unused;
                               * allocate with kvi_op_alloc(n, true); seq NULL: INVALID) */
+    KVI_OP_CLEAR_DP_RANK,    /* kvi_index_clear_dp_rank */
 };
 
 /**

@@ -506,9 +506,10 @@ static inline bool km_run_invalid(bool has_parent, uint64_t peh, const struct kv
 
 /*
  * Store a run (kvi_index_store, or kvi_index_store_seq when seq != NULL: then
- * without a parent and at position > 0 the run is placed by the seq hash of
- * its first block, a "positional root"; otherwise the seq hashes are assumed
- * to be the standard ones of the content chain).
+ * without a parent, or on a lower tier below a parent the rank does not hold,
+ * at position > 0 the run is placed by the seq hash of its first block, a
+ * "positional root"; otherwise the seq hashes are assumed to be the standard
+ * ones of the content chain).
  * @return 0, -ENOENT (unknown parent), -EINVAL (bad instance or tier,
  * repeated engine hash, run containing its parent, a gpu run placed by
  * position, or a rename that would drop the run's own parent chain: the model
@@ -529,11 +530,15 @@ static inline int km_store_any(struct km_model *m, uint32_t inst, uint32_t rank,
     uint32_t cur = KM_ROOT, placed = KM_ROOT;
     if (has_parent) {
         cur = km_resolve_parent(m, inst, rank, tier, peh);
-        if (cur == KM_ROOT) {
+        if (cur == KM_ROOT && seq != NULL && tier != KVI_TIER_GPU && position > 0) {
+            has_parent = false; /* the rank does not hold the parent: placed by position */
+            m->st.parent_elsewhere++;
+        } else if (cur == KM_ROOT) {
             m->st.parent_not_found++;
             return -ENOENT;
         }
-    } else if (seq != NULL && position > 0) {
+    }
+    if (!has_parent && seq != NULL && position > 0) {
         if (tier == KVI_TIER_GPU) {
             m->st.invalid_events++;
             return -EINVAL;
@@ -757,6 +762,7 @@ static inline void km_drop(struct km_model *m, uint32_t inst, uint32_t rank, boo
 }
 
 static inline void km_clear(struct km_model *m, uint32_t inst) { km_drop(m, inst, UINT32_MAX, false); }
+static inline void km_clear_dp_rank(struct km_model *m, uint32_t inst, uint32_t rank) { km_drop(m, inst, rank, false); }
 static inline void km_remove_dp_rank(struct km_model *m, uint32_t inst, uint32_t rank) { km_drop(m, inst, rank, true); }
 static inline void km_remove_instance(struct km_model *m, uint32_t inst) { km_drop(m, inst, UINT32_MAX, true); }
 
@@ -1003,7 +1009,7 @@ static inline void kw_corpus_free(struct kw_corpus *c)
 
 /* ---- operations ------------------------------------------------------------------ */
 
-enum kw_kind { KW_STORE, KW_REMOVE, KW_CLEAR, KW_REMOVE_RANK, KW_REMOVE_INSTANCE, KW_STORE_KNOWN };
+enum kw_kind { KW_STORE, KW_REMOVE, KW_CLEAR, KW_REMOVE_RANK, KW_REMOVE_INSTANCE, KW_STORE_KNOWN, KW_CLEAR_RANK };
 
 struct kw_op {
     enum kw_kind kind;
@@ -1031,6 +1037,7 @@ static inline const char *kw_kind_name(enum kw_kind k)
     case KW_REMOVE_RANK: return "remove_dp_rank";
     case KW_REMOVE_INSTANCE: return "remove_instance";
     case KW_STORE_KNOWN: return "store_known";
+    case KW_CLEAR_RANK: return "clear_dp_rank";
     }
     return "?";
 }
@@ -1038,7 +1045,7 @@ static inline const char *kw_kind_name(enum kw_kind k)
 static inline void kw_op_print(FILE *f, const struct kw_op *op)
 {
     fprintf(f, "%s(%s) inst %u", kw_kind_name(op->kind), op->why ? op->why : "", op->inst);
-    if (op->kind == KW_STORE || op->kind == KW_REMOVE || op->kind == KW_REMOVE_RANK)
+    if (op->kind == KW_STORE || op->kind == KW_REMOVE || op->kind == KW_REMOVE_RANK || op->kind == KW_CLEAR_RANK)
         fprintf(f, " rank %u", op->rank);
     if (op->kind == KW_STORE || op->kind == KW_REMOVE || op->kind == KW_STORE_KNOWN)
         fprintf(f, " %s", kvi_tier_name(op->tier));
@@ -1118,6 +1125,7 @@ static inline long kw_apply_model(struct km_model *m, const struct kw_op *op)
         return k;
     }
     case KW_CLEAR: km_clear(m, op->inst); return 0;
+    case KW_CLEAR_RANK: km_clear_dp_rank(m, op->inst, op->rank); return 0;
     case KW_REMOVE_RANK: km_remove_dp_rank(m, op->inst, op->rank); return 0;
     case KW_REMOVE_INSTANCE: km_remove_instance(m, op->inst); return 0;
     case KW_STORE_KNOWN: {
@@ -1160,6 +1168,7 @@ static inline long kw_apply_index(struct kvi_index *ix, const struct kw_op *op)
         return k;
     }
     case KW_CLEAR: kvi_index_clear(ix, op->inst); return 0;
+    case KW_CLEAR_RANK: kvi_index_clear_dp_rank(ix, op->inst, op->rank); return 0;
     case KW_REMOVE_RANK: kvi_index_remove_dp_rank(ix, op->inst, op->rank); return 0;
     case KW_REMOVE_INSTANCE: kvi_index_remove_instance(ix, op->inst); return 0;
     case KW_STORE_KNOWN: {
@@ -1647,9 +1656,10 @@ static inline void kw_gen_next(struct kw_gen *g, struct km_model *m, struct kw_o
             op->n = 1 + kr_below(&g->rng, 3);
             for (uint32_t i = 0; i < op->n; i++)
                 g->buf[i].engine_hash = kw_unknown_eh(g, m, op->inst, op->rank);
-        } else if (x < 850 + g->w_clear) {
-            op->kind = KW_CLEAR;
+        } else if (x < 850 + g->w_clear) { /* half of them one rank's (an engine's AllBlocksCleared) */
+            op->kind = x % 2 == 0 ? KW_CLEAR : KW_CLEAR_RANK;
             op->inst = kw_pick_inst(g);
+            op->rank = op->kind == KW_CLEAR_RANK ? kw_pick_rank(g) : 0;
         } else if (x < 850 + g->w_clear + g->w_remove_rank) {
             op->kind = KW_REMOVE_RANK;
             op->inst = kw_pick_inst(g);
@@ -1682,6 +1692,11 @@ static inline void kw_gen_next(struct kw_gen *g, struct km_model *m, struct kw_o
             }
             op->seq = g->seqbuf;
             op->tokenless = g->tokenless && kr_chance(&g->rng, 400);
+            if (kr_chance(&g->rng, 300)) { /* below another backend's parent: placed all the same */
+                op->why = "foreign-parent";
+                op->has_parent = true;
+                op->peh = kw_unknown_eh(g, m, op->inst, op->rank);
+            }
         } else if (x >= 940 && x < 970) { /* new blocks placed by position right below a held one */
             const struct km_slot *s = g->corners && g->placements ? kw_random_slot(g, m, false) : NULL;
             if (s == NULL || s->tier == KVI_TIER_GPU)

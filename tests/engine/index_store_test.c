@@ -154,6 +154,7 @@ static void check_stats(struct st_run *r)
     assert_int_equal(s.stored_blocks, e->stored_blocks);
     assert_int_equal(s.removed_blocks, e->removed_blocks);
     assert_int_equal(s.parent_not_found, e->parent_not_found);
+    assert_int_equal(s.parent_elsewhere, e->parent_elsewhere);
     assert_int_equal(s.unknown_removes, e->unknown_removes);
     assert_int_equal(s.invalid_events, e->invalid_events);
     assert_int_equal(s.entries, model_entries(&r->m, kvi_index_n_parts(r->ix)));

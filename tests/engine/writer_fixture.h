@@ -70,6 +70,9 @@ static inline enum kvi_op_outcome apply_direct(struct kvi_index *ref, const stru
     case KVI_OP_CLEAR:
         kvi_index_clear(ref, op->instance);
         break;
+    case KVI_OP_CLEAR_DP_RANK:
+        kvi_index_clear_dp_rank(ref, op->instance, op->dp_rank);
+        break;
     case KVI_OP_REMOVE_DP_RANK:
         kvi_index_remove_dp_rank(ref, op->instance, op->dp_rank);
         break;

@@ -27,9 +27,11 @@
  * remove / clear (and a few remove_dp_rank, rejected and lower-tier) ops,
  * in single submits and bursts, with occasional flushes, calls and dumps.
  * Token-less stores (STORE_KNOWN, STORE_SEQ_ONLY under a parent or from the
- * root) are part of the stream; stores placed by position are not, because
- * whether an entry placed that way is linked to its parent depends on the
- * interleaving of producers (and so would the pooled index and the reference).
+ * root) are part of the stream; stores placed by position are not (no op
+ * names a position, so a lower-tier store below a parent the rank does not
+ * hold is rejected rather than placed), because whether an entry placed that
+ * way is linked to its parent depends on the interleaving of producers (and
+ * so would the pooled index and the reference).
  * NREAD registered RCU readers query the index all the while and check that
  * every result is sane. Failures on those threads are recorded and asserted
  * by the main thread after pthread_join (cmocka asserts must not run off the
@@ -126,7 +128,7 @@ static struct kvi_op *op_store(struct kvi_index *ix, uint32_t inst, uint32_t ran
     op->tier = (uint8_t)tier;
     op->has_parent = start > 0;
     op->parent_engine_hash = start > 0 ? eh_of(inst, rank, c, start - 1) : 0;
-    op->position = start;
+    op->position = 0; /* never placed by position (see DESIGN) */
     for (uint32_t i = 0; i < n; i++) {
         op->blocks[i].engine_hash = eh_of(inst, rank, c, start + i);
         op->blocks[i].content_hash = g_content[c][start + i];
@@ -524,6 +526,7 @@ static void compare_with_reference(struct run *run, struct kvi_index *ref)
     assert_int_equal(sa.stored_blocks, sb.stored_blocks);
     assert_int_equal(sa.removed_blocks, sb.removed_blocks);
     assert_int_equal(sa.parent_not_found, sb.parent_not_found);
+    assert_int_equal(sa.parent_elsewhere, sb.parent_elsewhere);
     assert_int_equal(sa.unknown_removes, sb.unknown_removes);
     assert_int_equal(sa.invalid_events, sb.invalid_events);
     assert_int_equal(sa.unknown_blocks, sb.unknown_blocks);

@@ -368,6 +368,7 @@ static void assert_index_stats_equal(const struct kvi_index *ix, const struct kv
     assert_int_equal(a.stored_blocks, b.stored_blocks);
     assert_int_equal(a.removed_blocks, b.removed_blocks);
     assert_int_equal(a.parent_not_found, b.parent_not_found);
+    assert_int_equal(a.parent_elsewhere, b.parent_elsewhere);
     assert_int_equal(a.unknown_removes, b.unknown_removes);
     assert_int_equal(a.invalid_events, b.invalid_events);
     assert_int_equal(a.unknown_blocks, b.unknown_blocks);
