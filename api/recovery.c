@@ -132,7 +132,7 @@ static struct kvi_op *rec_op(const struct kvi_dump_rec *r)
         break;
     default:
         op = kvi_op_alloc(0, false);
-        op->type = KVI_OP_CLEAR;
+        op->type = KVI_OP_CLEAR_DP_RANK; /* the record names (worker, dp_rank) */
         break;
     }
     op->tier = (uint8_t)r->tier;

@@ -259,9 +259,12 @@ static void ingest_store_tokens(struct kvi_ingest_target *t, struct kvi_producer
     if (k == 0)
         return;
 
-    /* RFC 1527 run placed by depth: the only case that needs the event's seq
-     * hashes as prefix identity (see net/ingest.h). */
-    bool placed = ev->family == KVI_EVF_RFC1527 && !ev->has_parent && ev->has_base_idx && ev->base_block_idx > 0;
+    /* RFC 1527 runs that need the event's seq hashes as prefix identity (see
+     * net/ingest.h): placed by depth, or on a lower tier below a parent that
+     * the rank may not hold (another backend's) */
+    bool rfc = ev->family == KVI_EVF_RFC1527;
+    bool placed = rfc && ((!ev->has_parent && ev->has_base_idx && ev->base_block_idx > 0) ||
+                          (ev->has_parent && ev->tier != KVI_TIER_GPU));
     uint64_t seed = event_seed(s, ev);
     struct kvi_op *op = op_new(KVI_OP_STORE, instance, dp_rank, k, placed);
     op->tier = ev->tier;
@@ -288,7 +291,7 @@ static void ingest_store_tokens(struct kvi_ingest_target *t, struct kvi_producer
     }
     if (placed) {
         memcpy(op->seq, h, (size_t)k * sizeof *h);
-        op->position = ev->base_block_idx;
+        op->position = ev->has_base_idx ? ev->base_block_idx : 0;
     }
     CTR_ADD(t, blocks_submitted, k);
     ops_push(t, p, op);
@@ -329,6 +332,13 @@ static void ingest_store_seq_only(struct kvi_ingest_target *t, struct kvi_produc
 static void ingest_clear_instance(struct kvi_ingest_target *t, struct kvi_producer *p, uint32_t instance)
 {
     ops_push(t, p, op_new(KVI_OP_CLEAR, instance, 0, 0, false));
+}
+
+/* An engine's AllBlocksCleared: one rank's scheduler dropped its cache. */
+static void ingest_clear_rank(struct kvi_ingest_target *t, struct kvi_producer *p, uint32_t instance,
+                              uint32_t dp_rank)
+{
+    ops_push(t, p, op_new(KVI_OP_CLEAR_DP_RANK, instance, dp_rank, 0, false));
 }
 
 static bool is_full_attention(const struct kvi_ev *ev)
@@ -414,11 +424,11 @@ static void ingest_event(struct kvi_ingest_target *t, struct kvi_producer *p, co
                 ingest_clear_instance(t, p, (uint32_t)inst);
             return;
         }
-        ingest_clear_instance(t, p, t->instance);
+        ingest_clear_rank(t, p, t->instance, dp_rank);
         if (rfc) {
             const struct kvi_ingest_scratch *s = t->_s;
             for (size_t i = 0; i < s->n_pools; i++)
-                ingest_clear_instance(t, p, s->pools[i].instance);
+                ingest_clear_rank(t, p, s->pools[i].instance, dp_rank);
         }
         return;
     }

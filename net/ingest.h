@@ -22,8 +22,12 @@
  *       unresolved hashes in the sink as KVI_OUT_UNKNOWN_BLOCK. The parent is
  *       not needed (the resolved entry already names its prefix).
  *   removed:  KVI_OP_REMOVE of the hashes on the event's tier.
- *   cleared:  KVI_OP_CLEAR of the whole instance (every dp rank and tier; the
- *             slots stay), as Dynamo does.
+ *   cleared:  KVI_OP_CLEAR_DP_RANK of (instance, dp_rank): every tier of the
+ *             rank whose stream carried it; the slots stay, and the
+ *             instance's other ranks keep their blocks. vLLM and SGLang run
+ *             one scheduler, cache and publisher per data-parallel rank, and
+ *             reset_prefix_cache can succeed on one rank and fail on another.
+ *             (Dynamo's reference clears every rank of the worker.)
  *   Tiers come from `medium` (external folds into disk inside the engine's
  *   tier walks); an unknown medium is indexed as gpu and counted.
  *
@@ -37,19 +41,26 @@
  *   previous block's seq hash (parent_hash); an absent base_block_idx with no
  *   parent means position 0.
  *   - with usable tokens: content hashes from the tokens (rules above);
- *     with a parent or at position 0 a plain store, else (position > 0, no
- *     parent) a store placed by position whose seq hashes are the event's
- *     (trusting that a publisher naming a depth without a parent follows the
- *     standard); blocks past a token mismatch are not stored.
+ *     on the gpu tier with a parent, or at position 0, a plain store; else
+ *     (position > 0 without a parent, or a lower tier with a parent) a store
+ *     whose seq hashes are the event's (trusting that such a publisher
+ *     follows the standard): placed by position without a parent, and on a
+ *     lower tier also when the rank does not hold the parent (another
+ *     backend's block: kvi_index_store_seq); blocks past a token mismatch
+ *     are not stored.
  *   - without tokens: KVI_OP_STORE_SEQ_ONLY: the block is the prefix the
  *     index already knows under that seq hash (content queries then match),
  *     otherwise it is placed by seq hash alone (reachable by seq queries and
- *     tier walks only). So a token-less standard event is always indexed,
- *     except on the gpu tier at a position > 0 without a parent, which the
- *     engine rejects (counted by the writer as KVI_OUT_INVALID).
+ *     tier walks only). A lower-tier run whose parent the rank does not hold
+ *     is placed at its base_block_idx (kvi_index_store_seq). So a
+ *     token-less standard event is always indexed, except on the gpu tier at
+ *     a position > 0 without a parent (KVI_OUT_INVALID), and below a parent
+ *     the rank does not hold when it is on the gpu tier or has no
+ *     base_block_idx (KVI_OUT_PARENT_NOT_FOUND).
  *   - removed: KVI_OP_REMOVE of the seq hashes under the pool (or instance).
- *   - cleared with backend_id: clear that pool. Without backend_id: clear the
- *     target's instance and every pool this target has stored into.
+ *   - cleared with backend_id: clear that pool (every rank). Without
+ *     backend_id: clear the rank (as above) of the target's instance and of
+ *     every pool this target has stored into.
  *
  * DECISIONS
  *   - Salts: the seed is kvi_hash_seed(lora_name, cache_salt) — the salt the
@@ -215,7 +226,8 @@ void kvi_ingest_reset_rank(struct kvi_ingest_target *t, uint32_t dp_rank, struct
 
 /**
  * Drop every block of the target's instance on every rank and tier (the
- * slots stay, AllBlocksCleared semantics) and of every shared pool this
+ * slots stay; an operator's clear, wider than an engine's AllBlocksCleared,
+ * which is one rank's) and of every shared pool this
  * target has stored into. Queued through @p p. One thread at a time per
  * target.
  */

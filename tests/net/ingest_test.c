@@ -609,6 +609,51 @@ static void test_rfc1527_tokens_shared_pool(void **state)
     kvi_ingest_target_fini(&mc.t);
 }
 
+/* A Mooncake store: node-1 holds blocks 0..6 on cpu, node-2 blocks 7..8 on
+ * disk under node-1's block 6 (parent_hash = its seq hash, base_block_idx 7).
+ * The seq hash names the whole prefix, so node-2's run is placed by position
+ * (with and without tokens) and the pool reaches 9 blocks; without a
+ * base_block_idx, or on the gpu tier, an unknown parent is still rejected. */
+static void test_rfc1527_parent_on_other_backend(void **state)
+{
+    struct fx *f = *state;
+    for (int with_tokens = 0; with_tokens < 2; with_tokens++) {
+        struct reg mc;
+        reg_init(&mc, f, 50 + (uint64_t)with_tokens, 0);
+        uint32_t tok[9 * BS];
+        fill_tokens(tok, 9 * BS, 12000 + 1000 * (uint32_t)with_tokens);
+        uint64_t c[9], s[9];
+        kvi_hash_blocks(tok, 9 * BS, BS, KVI_HASH_SEED, c, 9);
+        kvi_seq_hashes(c, 9, s);
+        const uint32_t *t1 = with_tokens ? tok : NULL, *t2 = with_tokens ? tok + 7 * BS : NULL;
+        struct kvi_ev evs[2] = {ev_rfc(s, 7, NULL, 0, "node-1", KVI_TIER_CPU, t1, with_tokens ? 7 * BS : 0),
+                                ev_rfc(s + 7, 2, &s[6], 7, "node-2", KVI_TIER_DISK, t2, with_tokens ? 2 * BS : 0)};
+        struct kvi_index_stats before, after;
+        kvi_index_stats(f->ix, &before);
+        assert_int_equal(feed(f, &mc, evs, 2, -1), 2);
+        assert_int_equal(sink_out(&mc, KVI_OUT_APPLIED), 2);
+        assert_int_equal(sink_out(&mc, KVI_OUT_PARENT_NOT_FOUND), 0);
+        kvi_index_stats(f->ix, &after);
+        assert_int_equal(after.parent_elsewhere, before.parent_elsewhere + 1);
+        uint32_t pc = 0, pd = 0;
+        kvi_rcu_read_lock();
+        kvi_index_pool_depths(f->ix, c, NULL, 9, &pc, &pd);
+        kvi_rcu_read_unlock();
+        assert_int_equal(pc, 7);
+        assert_int_equal(pd, 9); /* cumulative: node-1's cpu run, then node-2's disk run */
+
+        /* still rejected: no base_block_idx, and the gpu tier */
+        struct kvi_ev no_base = ev_rfc(s + 7, 2, &s[6], -1, "node-3", KVI_TIER_DISK, NULL, 0);
+        struct kvi_ev gpu = ev_rfc(s + 7, 2, &s[6], 7, "node-3", KVI_TIER_GPU, NULL, 0);
+        feed(f, &mc, &no_base, 1, -1);
+        feed(f, &mc, &gpu, 1, -1);
+        assert_int_equal(sink_out(&mc, KVI_OUT_PARENT_NOT_FOUND), 2);
+        kvi_index_stats(f->ix, &after);
+        assert_int_equal(after.parent_not_found, before.parent_not_found + 2);
+        kvi_ingest_target_fini(&mc.t);
+    }
+}
+
 /* RFC 1527 without tokens: STORE_SEQ_ONLY, resolved or placed by seq hash. */
 static void test_rfc1527_seq_only(void **state)
 {
@@ -681,7 +726,8 @@ static void test_rfc1527_tokens_placed(void **state)
     kvi_ingest_target_fini(&mc.t);
 }
 
-/* Removes cascade; cleared drops every rank of the instance and keeps the slots. */
+/* Removes cascade; cleared drops the rank whose stream carried it (the batch's,
+ * else the registration's) and keeps the slots; other ranks keep their blocks. */
 static void test_remove_and_clear(void **state)
 {
     struct fx *f = *state;
@@ -711,13 +757,18 @@ static void test_remove_and_clear(void **state)
     struct kvi_index_stats before, after;
     kvi_index_stats(f->ix, &before);
     struct kvi_ev clr = ev_base(KVI_EV_CLEARED);
-    feed(f, &r, &clr, 1, 0); /* rank 0's publisher clears every rank */
+    feed(f, &r, &clr, 1, 0); /* rank 0's publisher clears rank 0 only */
     assert_int_equal(depth(f, c, 3, r.t.instance, 0), 0);
-    assert_int_equal(depth(f, c, 3, r.t.instance, 1), 0);
+    assert_int_equal(depth(f, c, 3, r.t.instance, 1), 1);
     assert_int_equal(depth(f, c, 3, other.t.instance, 0), 3);
     kvi_index_stats(f->ix, &after);
     assert_int_equal(after.slots, before.slots);
     assert_int_equal(ctr(&r.ctr.events_cleared), 1);
+    feed(f, &r, &clr, 1, 1); /* then rank 1's */
+    assert_int_equal(depth(f, c, 3, r.t.instance, 1), 0);
+    feed(f, &r, &clr, 1, -1); /* a batch without a rank: the registration's (0) */
+    assert_int_equal(depth(f, c, 3, r.t.instance, 0), 0);
+    assert_int_equal(ctr(&r.ctr.events_cleared), 3);
     /* clear then re-store works */
     feed(f, &r, &e, 1, 0);
     assert_int_equal(depth(f, c, 3, r.t.instance, 0), 3);
@@ -966,6 +1017,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_placeholders, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_rfc1527_tokens_shared_pool, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_rfc1527_seq_only, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_rfc1527_parent_on_other_backend, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_rfc1527_tokens_placed, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_remove_and_clear, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_group_filter, fx_setup, fx_teardown),
