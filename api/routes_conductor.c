@@ -34,7 +34,27 @@ static const struct kvi_tier_match *tm_find(const struct kvi_tier_match *tm, siz
     return lo < n && tm[lo].instance == inst && tm[lo].dp_rank == rank ? &tm[lo] : NULL;
 }
 
-/* One row per registered rank of every instance of the context (or the filtered one), zeros included. */
+/* Rows of instance `in` (one per registered rank, zeros included). */
+static size_t inst_rows(struct kvi_route_thread *t, size_t k, const struct kvi_svc_cond_inst *in, size_t n_tm,
+                        uint32_t pool_cpu, uint32_t pool_disk)
+{
+    for (uint32_t j = 0; j < in->n_ranks; j++) {
+        const struct kvi_tier_match *m = tm_find(t->tm, n_tm, in->dense, in->ranks[j]);
+        struct kvi_score_row *r = &t->rows[k++];
+        *r = (struct kvi_score_row){.name = in->name, .dp_rank = in->ranks[j], .cpu = pool_cpu, .disk = pool_disk};
+        if (m != NULL) {
+            r->gpu = m->gpu;
+            r->cpu = m->cpu;
+            r->disk = m->disk;
+            r->tree_size = m->tree_size;
+        }
+    }
+    return k;
+}
+
+/* One row per registered rank of every instance of the context (or the
+ * filtered one), zeros included: the Conductor instances, then the Dynamo
+ * ones whose names no Conductor instance has. */
 static size_t cond_rows(struct kvi_route_thread *t, const struct kvi_svc_cond_ctx *x, const uint64_t *content,
                         const uint64_t *seq, size_t n, bool has_filter, struct kvi_str filter)
 {
@@ -46,24 +66,17 @@ static size_t cond_rows(struct kvi_route_thread *t, const struct kvi_svc_cond_ct
     size_t need = 0;
     for (size_t i = 0; i < x->n_inst; i++)
         need += x->inst[i].n_ranks;
+    for (size_t i = 0; i < x->n_dyn; i++)
+        need += x->dyn[i].n_ranks;
     kvi_routes_reserve(t, 0, 0, need);
     size_t k = 0;
-    for (size_t i = 0; i < x->n_inst; i++) {
-        const struct kvi_svc_cond_inst *in = &x->inst[i];
-        if (has_filter && !kvi_str_eq(filter, in->name))
-            continue;
-        for (uint32_t j = 0; j < in->n_ranks; j++) {
-            const struct kvi_tier_match *m = tm_find(t->tm, n_tm, in->dense, in->ranks[j]);
-            struct kvi_score_row *r = &t->rows[k++];
-            *r = (struct kvi_score_row){.name = in->name, .dp_rank = in->ranks[j], .cpu = pool_cpu, .disk = pool_disk};
-            if (m != NULL) {
-                r->gpu = m->gpu;
-                r->cpu = m->cpu;
-                r->disk = m->disk;
-                r->tree_size = m->tree_size;
-            }
-        }
-    }
+    for (size_t i = 0; i < x->n_inst; i++)
+        if (!has_filter || kvi_str_eq(filter, x->inst[i].name))
+            k = inst_rows(t, k, &x->inst[i], n_tm, pool_cpu, pool_disk);
+    for (size_t i = 0; i < x->n_dyn; i++)
+        if ((!has_filter || kvi_str_eq(filter, x->dyn[i].name)) &&
+            (x->n_inst == 0 || kvi_service_cond_inst_find(x, x->dyn[i].name) == NULL))
+            k = inst_rows(t, k, &x->dyn[i], n_tm, pool_cpu, pool_disk);
     return k;
 }
 
@@ -89,7 +102,7 @@ size_t kvi_routes_cond_query(struct kvi_routes *rt, struct kvi_route_thread *t, 
     size_t n = 0, n_rows = 0;
     kvi_rcu_read_lock();
     const struct kvi_svc_cond_ctx *x = kvi_service_cond_find(rt->svc, model, tenant, lora, bs);
-    if (x != NULL && x->n_inst > 0) {
+    if (x != NULL && x->n_inst + x->n_dyn > 0) {
         if (by_hash) {
             n = qh.n_hashes;
             n_rows = cond_rows(t, x, NULL, qh.seq_hashes, n, has_filter, filter);

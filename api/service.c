@@ -66,10 +66,31 @@ struct svc_nsrec {
     uint32_t refs; /* Dynamo instances + Conductor keys registered under it */
 };
 
-/** The Conductor roster published to query threads (immutable). */
+/**
+ * The Dynamo instances of one namespace as Conductor contexts list them
+ * (immutable once published; one allocation: the struct, then n instances,
+ * their decimal names and their ranks). Replaced as a whole when a Dynamo
+ * registration of the namespace changes, so a registration costs one copy
+ * of its namespace's roster, not a rebuild of every context.
+ */
+struct dyn_roster {
+    struct kvi_ns *ns;
+    size_t n;
+    struct kvi_svc_cond_inst *inst; /* ascending by numeric id */
+};
+
+/** The Conductor roster published to query threads (immutable). The
+ * Dynamo rosters it points to are not its own: each is retired when a newer
+ * one replaces it. */
 struct cond_view {
     size_t n;
     struct kvi_svc_cond_ctx *ctx;
+};
+
+/** Memory readers may still hold, freed after one grace period. */
+struct svc_retired {
+    void *p;
+    bool view; /* a struct cond_view (else a struct dyn_roster) */
 };
 
 struct svc_cmd {
@@ -113,6 +134,10 @@ struct kvi_service {
     char **peers;
     size_t n_peers, cap_peers;
     struct cond_view *_Atomic cview; /* RCU-published */
+    struct dyn_roster **dyn;         /* control thread: the current Dynamo roster of each namespace */
+    size_t n_dyn, cap_dyn;
+    struct svc_retired *retired;     /* control thread: freed after a grace period (svc_reclaim) */
+    size_t n_retired, cap_retired;
 
     /* watermarks recovered from a peer for keys not registered yet (control thread) */
     struct svc_rwm {
@@ -238,6 +263,12 @@ fail:
 }
 
 static void cond_view_free(struct cond_view *v);
+static void cond_view_publish(struct kvi_service *svc);
+static void dyn_roster_update(struct kvi_service *svc, struct kvi_ns *ns);
+static void svc_reclaim(struct kvi_service *svc);
+
+/* Retired memory that makes the control thread wait for a grace period at once. */
+#define SVC_RETIRED_MAX 256
 static void svc_startup(struct kvi_service *svc, void *arg);
 
 static void *ctl_main(void *arg)
@@ -264,7 +295,15 @@ static void *ctl_main(void *arg)
         pthread_mutex_unlock(&svc->qmu);
         c->fn(svc, c->arg);
         free(c);
+        /* one grace period for everything retired since the queue was last
+         * empty (a burst of registrations waits for one, not one each) */
+        pthread_mutex_lock(&svc->qmu);
+        bool idle = svc->qhead == NULL;
+        pthread_mutex_unlock(&svc->qmu);
+        if (idle || svc->n_retired >= SVC_RETIRED_MAX)
+            svc_reclaim(svc);
     }
+    svc_reclaim(svc);
     kvi_producer_destroy(svc->prod);
     svc->prod = NULL;
     kvi_rcu_unregister_thread();
@@ -394,7 +433,12 @@ void kvi_service_destroy(struct kvi_service *svc)
         kvi_writer_pool_destroy(svc->writers);
     if (svc->nsreg)
         kvi_nsreg_destroy(svc->nsreg);
+    svc_reclaim(svc); /* no reader is left: the HTTP server and the control thread are gone */
     cond_view_free(atomic_load(&svc->cview));
+    for (size_t i = 0; i < svc->n_dyn; i++)
+        free(svc->dyn[i]);
+    free(svc->dyn);
+    free(svc->retired);
     for (size_t i = 0; i < svc->n_w; i++)
         free_worker(&svc->w[i]);
     free(svc->w);
@@ -858,6 +902,7 @@ static int dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str mod
     }
     rank_insert_locked(w, rank, e, r);
     pthread_mutex_unlock(&svc->mu);
+    dyn_roster_update(svc, ns); /* Conductor queries list Dynamo instances too */
     if (spec.seed_watermark) {
         kvi_log_info("instance %" PRIu64 " dp_rank %" PRIu32 " starts after seq %" PRIu64 " (recovered)", id, rank,
                      spec.watermark);
@@ -895,6 +940,7 @@ static void dyn_unregister_rank(struct kvi_service *svc, struct svc_worker *w, u
     pthread_mutex_lock(&svc->mu);
     rank_remove_locked(w, rank);
     pthread_mutex_unlock(&svc->mu);
+    dyn_roster_update(svc, w->ns);
     kvi_log_info("unregistered instance %" PRIu64 " dp_rank %" PRIu32, w->id, rank);
 }
 
@@ -910,6 +956,7 @@ static void dyn_unregister_all(struct kvi_service *svc, struct svc_worker *w)
     pthread_mutex_lock(&svc->mu);
     worker_remove_locked(svc, w);
     pthread_mutex_unlock(&svc->mu);
+    dyn_roster_update(svc, ns); /* before the namespace can go (ns_ref below) */
     kvi_log_info("unregistered instance %" PRIu64 " (every rank) from %s:%s", id, ns->model, ns->tenant);
     ns_ref(svc, ns, -1);
     update_registered(svc);
@@ -1097,11 +1144,113 @@ static int cmp_inst(const void *a, const void *b)
     return strcmp(((const struct kvi_svc_cond_inst *)a)->name, ((const struct kvi_svc_cond_inst *)b)->name);
 }
 
-/* Build the roster from the table (control thread) and publish it. */
+/* Free after a grace period (control thread). */
+static void svc_retire(struct kvi_service *svc, void *p, bool view)
+{
+    if (p == NULL)
+        return;
+    if (svc->n_retired == svc->cap_retired) {
+        svc->cap_retired = svc->cap_retired ? svc->cap_retired * 2 : 16;
+        svc->retired = kvi_xrealloc(svc->retired, svc->cap_retired * sizeof *svc->retired);
+    }
+    svc->retired[svc->n_retired++] = (struct svc_retired){p, view};
+}
+
+/* Wait for one grace period, then free what was retired (control thread, or
+ * destroy with no reader left). */
+static void svc_reclaim(struct kvi_service *svc)
+{
+    if (svc->n_retired == 0)
+        return;
+    kvi_rcu_synchronize();
+    for (size_t i = 0; i < svc->n_retired; i++) {
+        if (svc->retired[i].view)
+            cond_view_free(svc->retired[i].p);
+        else
+            free(svc->retired[i].p);
+    }
+    svc->n_retired = 0;
+}
+
+/* The Dynamo roster of ns now, built from the workers table (control
+ * thread): NULL when ns has no Dynamo instance. Linear in the workers. */
+static struct dyn_roster *dyn_roster_build(const struct kvi_service *svc, struct kvi_ns *ns)
+{
+    size_t n = 0, n_ranks = 0;
+    for (size_t i = 0; i < svc->n_w; i++)
+        if (svc->w[i].ns == ns && svc->w[i].n_ranks > 0) {
+            n++;
+            n_ranks += svc->w[i].n_ranks;
+        }
+    if (n == 0)
+        return NULL;
+    typedef char name_t[24];
+    struct dyn_roster *r =
+        kvi_xmalloc(sizeof *r + n * (sizeof(struct kvi_svc_cond_inst) + sizeof(name_t)) + n_ranks * sizeof(uint32_t));
+    r->ns = ns;
+    r->n = n;
+    r->inst = (struct kvi_svc_cond_inst *)(r + 1);
+    name_t *names = (name_t *)(r->inst + n);
+    uint32_t *ranks = (uint32_t *)(names + n);
+    size_t k = 0;
+    for (size_t i = 0; i < svc->n_w; i++) { /* workers are sorted by id */
+        const struct svc_worker *w = &svc->w[i];
+        if (w->ns != ns || w->n_ranks == 0)
+            continue;
+        snprintf(names[k], sizeof names[k], "%" PRIu64, w->id);
+        r->inst[k] = (struct kvi_svc_cond_inst){names[k], w->dense, (uint32_t)w->n_ranks, ranks};
+        for (size_t j = 0; j < w->n_ranks; j++) /* ascending */
+            *ranks++ = w->ranks[j].dp_rank;
+        k++;
+    }
+    return r;
+}
+
+/* The Dynamo registrations of ns changed (control thread): rebuild its
+ * roster, publish a view that uses it, retire the old ones. */
+static void dyn_roster_update(struct kvi_service *svc, struct kvi_ns *ns)
+{
+    struct dyn_roster *r = dyn_roster_build(svc, ns);
+    size_t i = 0;
+    while (i < svc->n_dyn && svc->dyn[i]->ns != ns)
+        i++;
+    if (i < svc->n_dyn) {
+        svc_retire(svc, svc->dyn[i], false);
+        if (r != NULL)
+            svc->dyn[i] = r;
+        else
+            svc->dyn[i] = svc->dyn[--svc->n_dyn];
+    } else if (r != NULL) {
+        if (svc->n_dyn == svc->cap_dyn) {
+            svc->cap_dyn = svc->cap_dyn ? svc->cap_dyn * 2 : 8;
+            svc->dyn = kvi_xrealloc(svc->dyn, svc->cap_dyn * sizeof *svc->dyn);
+        }
+        svc->dyn[svc->n_dyn++] = r;
+    }
+    cond_view_publish(svc);
+}
+
+static const struct dyn_roster *dyn_roster_of(const struct kvi_service *svc, const struct kvi_ns *ns)
+{
+    for (size_t i = 0; i < svc->n_dyn; i++)
+        if (svc->dyn[i]->ns == ns)
+            return svc->dyn[i];
+    return NULL;
+}
+
+/* Build the roster from both tables (control thread) and publish it; the old
+ * view is freed after a grace period. A Conductor context (model, tenant,
+ * lora, block size) lists its Conductor instances and the Dynamo roster of
+ * its namespace (same model, tenant and block size: Dynamo registrations
+ * carry no adapter, their events name it). Each namespace with Dynamo
+ * instances also gets an any-adapter context (lora NULL) for queries whose
+ * adapter no Conductor registration names. Linear in the Conductor
+ * registrations per context, plus one entry per namespace. */
 static void cond_view_publish(struct kvi_service *svc)
 {
     struct cond_view *v = kvi_xcalloc(1, sizeof *v);
-    v->ctx = kvi_xcalloc(svc->n_c ? svc->n_c : 1, sizeof *v->ctx);
+    size_t cap = svc->n_c + svc->n_dyn;
+    v->ctx = kvi_xcalloc(cap ? cap : 1, sizeof *v->ctx);
     for (size_t i = 0; i < svc->n_c; i++) {
         const struct svc_cond *c = &svc->c[i];
         struct kvi_svc_cond_ctx *x = NULL;
@@ -1139,13 +1288,26 @@ static void cond_view_publish(struct kvi_service *svc)
         for (size_t j = 0; j < x->n_inst; j++)
             qsort((uint32_t *)x->inst[j].ranks, x->inst[j].n_ranks, sizeof(uint32_t), cmp_u32);
         qsort((struct kvi_svc_cond_inst *)x->inst, x->n_inst, sizeof *x->inst, cmp_inst);
+        const struct dyn_roster *r = dyn_roster_of(svc, x->ns);
+        if (r != NULL) {
+            x->dyn = r->inst;
+            x->n_dyn = r->n;
+        }
+    }
+    for (size_t i = 0; i < svc->n_dyn; i++) {
+        const struct dyn_roster *r = svc->dyn[i];
+        struct kvi_svc_cond_ctx *x = &v->ctx[v->n++];
+        x->model = xstrdup(r->ns->model);
+        x->tenant = xstrdup(r->ns->tenant);
+        x->lora = NULL;
+        x->block_size = r->ns->block_size;
+        x->ns = r->ns;
+        x->dyn = r->inst;
+        x->n_dyn = r->n;
     }
     struct cond_view *old = atomic_load(&svc->cview);
     kvi_rcu_assign(svc->cview, v);
-    if (old != NULL) {
-        kvi_rcu_synchronize();
-        cond_view_free(old);
-    }
+    svc_retire(svc, old, true);
 }
 
 const struct kvi_svc_cond_ctx *kvi_service_cond_find(const struct kvi_service *svc, struct kvi_str model,
@@ -1154,11 +1316,31 @@ const struct kvi_svc_cond_ctx *kvi_service_cond_find(const struct kvi_service *s
     struct cond_view *v = kvi_rcu_deref(((struct kvi_service *)svc)->cview);
     if (v == NULL)
         return NULL;
+    const struct kvi_svc_cond_ctx *any = NULL;
     for (size_t i = 0; i < v->n; i++) {
         const struct kvi_svc_cond_ctx *x = &v->ctx[i];
-        if (x->block_size == block_size && kvi_str_eq(model, x->model) && kvi_str_eq(tenant, x->tenant) &&
-            kvi_str_eq(lora, x->lora))
+        if (x->block_size != block_size || !kvi_str_eq(model, x->model) || !kvi_str_eq(tenant, x->tenant))
+            continue;
+        if (x->lora == NULL)
+            any = x;
+        else if (kvi_str_eq(lora, x->lora))
             return x;
+    }
+    return any;
+}
+
+const struct kvi_svc_cond_inst *kvi_service_cond_inst_find(const struct kvi_svc_cond_ctx *x, const char *name)
+{
+    size_t lo = 0, hi = x->n_inst;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = strcmp(x->inst[mid].name, name);
+        if (c == 0)
+            return &x->inst[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }
@@ -1309,40 +1491,72 @@ static void hp_view(const struct svc_cond *c, struct kvi_hash_profile *hp)
         *(struct kvi_str *)profile_field(hp, i) = zstr(c->hp[i]);
 }
 
-static int cmp_cond(const void *a, const void *b)
+static int cmp_service_view(const void *a, const void *b)
 {
-    const struct svc_cond *x = *(struct svc_cond *const *)a, *y = *(struct svc_cond *const *)b;
-    int r = strcmp(x->instance, y->instance);
+    const struct kvi_cond_service_view *x = a, *y = b;
+    int r = strcmp(x->instance_id, y->instance_id);
     if (r == 0)
-        r = strcmp(x->tenant, y->tenant);
+        r = strcmp(x->tenant_id, y->tenant_id);
     if (r == 0)
         r = x->dp_rank < y->dp_rank ? -1 : x->dp_rank > y->dp_rank;
     return r;
 }
 
+/* One row per Conductor registration and per rank of a Dynamo instance (named
+ * by its decimal id, type vLLM, no adapter, CacheGroup null, empty profile). */
 int kvi_service_encode_services(struct kvi_service *svc, enum kvi_body_enc enc, struct kvi_buf *out)
 {
     pthread_mutex_lock(&svc->mu);
-    size_t n = svc->n_c;
-    struct svc_cond **order = kvi_xcalloc(n, sizeof *order);
-    struct kvi_cond_service_view *v = kvi_xcalloc(n, sizeof *v);
-    struct kvi_hash_profile *hp = kvi_xcalloc(n, sizeof *hp);
-    for (size_t i = 0; i < n; i++)
-        order[i] = &svc->c[i];
-    qsort(order, n, sizeof *order, cmp_cond);
-    for (size_t i = 0; i < n; i++) {
-        const struct svc_cond *c = order[i];
+    size_t n = svc->n_c, n_dyn = 0;
+    for (size_t i = 0; i < svc->n_w; i++)
+        n_dyn += svc->w[i].n_ranks;
+    struct kvi_cond_service_view *v = kvi_xcalloc(n + n_dyn + 1, sizeof *v);
+    struct kvi_hash_profile *hp = kvi_xcalloc(n + 1, sizeof *hp);
+    char(*ids)[24] = kvi_xcalloc(svc->n_w + 1, sizeof *ids);
+    for (size_t i = 0; i < svc->n_c; i++) {
+        const struct svc_cond *c = &svc->c[i];
         hp_view(c, &hp[i]);
         v[i] = (struct kvi_cond_service_view){c->endpoint, c->replay, c->type, c->model, c->lora, c->tenant,
                                               c->instance, c->block_size, c->dp_rank, c->has_cache_group, 0,
                                               c->has_profile ? &hp[i] : NULL};
     }
+    for (size_t i = 0; i < svc->n_w; i++) {
+        const struct svc_worker *w = &svc->w[i];
+        snprintf(ids[i], sizeof ids[i], "%" PRIu64, w->id);
+        for (size_t r = 0; r < w->n_ranks; r++)
+            v[n++] = (struct kvi_cond_service_view){w->ranks[r].endpoint,
+                                                    w->ranks[r].replay ? w->ranks[r].replay : "",
+                                                    KVI_COND_VLLM,
+                                                    w->ns->model,
+                                                    "",
+                                                    w->ns->tenant,
+                                                    ids[i],
+                                                    w->ns->block_size,
+                                                    w->ranks[r].dp_rank,
+                                                    false,
+                                                    0,
+                                                    NULL};
+    }
+    qsort(v, n, sizeof *v, cmp_service_view);
     int rc = kvi_cond_encode_services(v, n, enc, out);
     pthread_mutex_unlock(&svc->mu);
-    free(order);
     free(v);
     free(hp);
+    free(ids);
     return rc;
+}
+
+/* An any-adapter context that a Conductor context with no adapter of the same
+ * (model, tenant, block size) already shows in /global_view. */
+static bool any_ctx_shadowed(const struct cond_view *v, const struct kvi_svc_cond_ctx *x)
+{
+    for (size_t k = 0; x->lora == NULL && k < v->n; k++) {
+        const struct kvi_svc_cond_ctx *y = &v->ctx[k];
+        if (y->lora != NULL && y->lora[0] == '\0' && y->block_size == x->block_size && !strcmp(y->model, x->model) &&
+            !strcmp(y->tenant, x->tenant))
+            return true;
+    }
+    return false;
 }
 
 int kvi_service_encode_global_view(struct kvi_service *svc, enum kvi_body_enc enc, struct kvi_buf *out)
@@ -1350,28 +1564,35 @@ int kvi_service_encode_global_view(struct kvi_service *svc, enum kvi_body_enc en
     /* The roster is RCU-published; read it in a section (loop threads are readers). */
     kvi_rcu_read_lock();
     struct cond_view *v = kvi_rcu_deref(svc->cview);
-    size_t n = v ? v->n : 0;
-    struct kvi_cond_context_view *cv = kvi_xcalloc(n ? n : 1, sizeof *cv);
-    struct kvi_hash_profile *hp = kvi_xcalloc(n ? n : 1, sizeof *hp);
-    struct kvi_cond_instance_view **iv = kvi_xcalloc(n ? n : 1, sizeof *iv);
+    size_t n_all = v ? v->n : 0, n = 0;
+    struct kvi_cond_context_view *cv = kvi_xcalloc(n_all ? n_all : 1, sizeof *cv);
+    struct kvi_hash_profile *hp = kvi_xcalloc(n_all ? n_all : 1, sizeof *hp);
+    struct kvi_cond_instance_view **iv = kvi_xcalloc(n_all ? n_all : 1, sizeof *iv);
     pthread_mutex_lock(&svc->mu);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n_all; i++) {
         const struct kvi_svc_cond_ctx *x = &v->ctx[i];
+        if (any_ctx_shadowed(v, x))
+            continue;
+        const char *lora = x->lora ? x->lora : ""; /* Dynamo instances: no adapter */
         struct kvi_index_stats st;
         kvi_index_stats(x->ns->ix, &st);
         const struct kvi_hash_profile *pp = NULL;
         for (size_t k = 0; k < svc->n_c && pp == NULL; k++) {
             const struct svc_cond *c = &svc->c[k];
-            if (c->has_profile && same_context(c, zstr(x->model), zstr(x->tenant), zstr(x->lora), x->block_size)) {
-                hp_view(c, &hp[i]);
-                pp = &hp[i];
+            if (c->has_profile && same_context(c, zstr(x->model), zstr(x->tenant), zstr(lora), x->block_size)) {
+                hp_view(c, &hp[n]);
+                pp = &hp[n];
             }
         }
-        iv[i] = kvi_xcalloc(x->n_inst ? x->n_inst : 1, sizeof **iv);
+        iv[n] = kvi_xcalloc(x->n_inst + x->n_dyn + 1, sizeof **iv);
+        size_t ni = 0;
         for (size_t j = 0; j < x->n_inst; j++)
-            iv[i][j] = (struct kvi_cond_instance_view){x->inst[j].name, x->inst[j].ranks, x->inst[j].n_ranks};
-        cv[i] = (struct kvi_cond_context_view){x->model, x->lora, x->tenant, x->block_size, st.entries, pp, iv[i],
-                                               x->n_inst};
+            iv[n][ni++] = (struct kvi_cond_instance_view){x->inst[j].name, x->inst[j].ranks, x->inst[j].n_ranks};
+        for (size_t j = 0; j < x->n_dyn; j++)
+            if (kvi_service_cond_inst_find(x, x->dyn[j].name) == NULL)
+                iv[n][ni++] = (struct kvi_cond_instance_view){x->dyn[j].name, x->dyn[j].ranks, x->dyn[j].n_ranks};
+        cv[n] = (struct kvi_cond_context_view){x->model, lora, x->tenant, x->block_size, st.entries, pp, iv[n], ni};
+        n++;
     }
     int rc = kvi_cond_encode_global_view(cv, n, enc, out);
     pthread_mutex_unlock(&svc->mu);

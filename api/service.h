@@ -35,8 +35,13 @@
  *   GET handlers (/workers, /status, /services, /global_view, /metrics) when
  *   they read. The Conductor query roster (which instances and ranks a
  *   context lists, zeros included) is an immutable snapshot published with
- *   RCU and replaced on every Conductor registration change; the old one is
- *   freed after a grace period.
+ *   RCU and replaced on every registration change of either dialect (a
+ *   context lists Dynamo instances too: each namespace's Dynamo roster is
+ *   rebuilt alone and shared by the views until it changes). Replaced views
+ *   and rosters are freed after one grace period once the control queue is
+ *   empty, so a burst of registrations waits for one grace period, not one
+ *   each; a namespace is freed only after kvi_nsreg_unlink's own grace
+ *   period, which covers every view published before it.
  *   Namespaces. One kvi_index per registry key (model, tenant), created by the
  *   first registration with its block size and deleted when the last
  *   registration under it goes. A Conductor context whose block size differs
@@ -181,20 +186,36 @@ struct kvi_svc_cond_inst {
     const uint32_t *ranks;
 };
 
-/** A Conductor context (tenant, model, lora_name, block_size) and its roster. */
+/**
+ * A Conductor context (tenant, model, lora_name, block_size) and its roster:
+ * the instances registered through the Conductor dialect under it (`inst`)
+ * and every Dynamo-registered instance of the same namespace (model, tenant,
+ * block size; `dyn`), named by its decimal id. A Dynamo instance whose name
+ * a Conductor instance of the context has is listed as the Conductor one
+ * (kvi_service_cond_inst_find). lora NULL: the any-adapter context of a
+ * namespace with Dynamo instances, found when no Conductor registration
+ * names the query's adapter.
+ */
 struct kvi_svc_cond_ctx {
     const char *model;
     const char *tenant;
-    const char *lora;
+    const char *lora; /* NULL: any adapter (Dynamo instances only) */
     uint32_t block_size;
     struct kvi_ns *ns;
     size_t n_inst; /* ascending by name; storage pools (type Mooncake) excluded */
     const struct kvi_svc_cond_inst *inst;
+    size_t n_dyn;  /* ascending by numeric id */
+    const struct kvi_svc_cond_inst *dyn;
 };
 
+/** The Conductor instance of @p x named @p name, or NULL. Same section rules as kvi_service_cond_find. */
+const struct kvi_svc_cond_inst *kvi_service_cond_inst_find(const struct kvi_svc_cond_ctx *x, const char *name);
+
 /**
- * Find a Conductor context. Call inside an RCU read-side section; the result
- * stays valid until the section ends.
+ * Find a Conductor context: the one registered for (model, tenant, lora,
+ * block_size), else the any-adapter context of (model, tenant, block_size).
+ * Call inside an RCU read-side section; the result stays valid until the
+ * section ends.
  * @return the context, or NULL when nothing is registered under it.
  */
 const struct kvi_svc_cond_ctx *kvi_service_cond_find(const struct kvi_service *svc, struct kvi_str model,
