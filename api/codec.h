@@ -362,6 +362,12 @@ struct kvi_listener_view {
     const char *endpoint;
     enum kvi_listener_status status;
     const char *last_error; /* NULL = key omitted */
+    /* liveness (net/listener.h LIVENESS); has_liveness false = the three keys omitted */
+    bool has_liveness;
+    uint64_t messages;                   /* live messages received */
+    bool has_last_message;               /* false: "seconds_since_last_message":null */
+    uint64_t seconds_since_last_message; /* whole seconds */
+    int8_t connected;                    /* 1 true, 0 false, -1 null (not monitored) */
 };
 
 struct kvi_worker_view {
@@ -377,9 +383,13 @@ struct kvi_worker_view {
 /**
  * GET /workers (§1.7): an array of
  * {"instance_id","model_name","tenant_id","block_size","source","status",
- *  "endpoints":{"<rank>":ep},"listeners":{"<rank>":{"endpoint","status"[,"last_error"]}}}
+ *  "endpoints":{"<rank>":ep},"listeners":{"<rank>":{"endpoint","status"[,"last_error"]
+ *  [,"messages","seconds_since_last_message","connected"]}}}
  * in the given order; "status" aggregates listeners (failed > pending >
- * active > paused; "active" when there are none). @return 0 or -ENOMEM.
+ * active > paused; "active" when there are none). The liveness keys (kvidx's,
+ * with has_liveness) come last: messages a u64, seconds_since_last_message a
+ * u64 or null (no message yet), connected a bool or null (not monitored).
+ * @return 0 or -ENOMEM.
  */
 int kvi_dyn_encode_workers(const struct kvi_worker_view *w, size_t n, struct kvi_buf *out);
 

@@ -548,7 +548,7 @@ int kvi_dyn_encode_workers(const struct kvi_worker_view *ws, size_t n, struct kv
         for (size_t k = 0; k < x->n_listeners; k++) {
             const struct kvi_listener_view *l = &x->listeners[k];
             kvi_wr_key_u64(&w, l->dp_rank);
-            kvi_wr_obj(&w, l->last_error ? 3 : 2);
+            kvi_wr_obj(&w, (l->last_error ? 3 : 2) + (l->has_liveness ? 3 : 0));
             kvi_wr_keyz(&w, "endpoint");
             kvi_wr_strz(&w, l->endpoint ? l->endpoint : "");
             kvi_wr_keyz(&w, "status");
@@ -556,6 +556,20 @@ int kvi_dyn_encode_workers(const struct kvi_worker_view *ws, size_t n, struct kv
             if (l->last_error) {
                 kvi_wr_keyz(&w, "last_error");
                 kvi_wr_strz(&w, l->last_error);
+            }
+            if (l->has_liveness) {
+                kvi_wr_keyz(&w, "messages");
+                kvi_wr_u64(&w, l->messages);
+                kvi_wr_keyz(&w, "seconds_since_last_message");
+                if (l->has_last_message)
+                    kvi_wr_u64(&w, l->seconds_since_last_message);
+                else
+                    kvi_wr_null(&w);
+                kvi_wr_keyz(&w, "connected");
+                if (l->connected < 0)
+                    kvi_wr_null(&w);
+                else
+                    kvi_wr_bool(&w, l->connected > 0);
             }
             kvi_wr_end(&w);
         }

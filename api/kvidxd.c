@@ -445,7 +445,7 @@ int main(int argc, char **argv)
         .n_peers = n_peers,
         .recovery_delay_ms = (uint32_t)o.recovery_delay_ms,
         .recovery_timeout_ms = (uint32_t)o.recovery_timeout_ms,
-        .listeners_quiet = lvl < KVI_LOG_WARN,
+        .listeners_quiet = false, /* listener lines go through kvi_log: --log-level filters them */
     };
     struct kvi_service *svc = kvi_service_create(&sc);
     if (svc == NULL) {

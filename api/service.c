@@ -1039,13 +1039,20 @@ int kvi_service_encode_workers(struct kvi_service *svc, const struct kvi_dyn_wor
             break;
         for (size_t j = 0; j < w->n_ranks; j++) {
             struct kvi_listener_key key = {w->ns->ix, w->id, NULL, w->ranks[j].dp_rank};
-            lv[j] = (struct kvi_listener_view){w->ranks[j].dp_rank, w->ranks[j].endpoint, KVI_LS_FAILED,
-                                               "listener not found"};
+            lv[j] = (struct kvi_listener_view){.dp_rank = w->ranks[j].dp_rank,
+                                               .endpoint = w->ranks[j].endpoint,
+                                               .status = KVI_LS_FAILED,
+                                               .last_error = "listener not found",
+                                               .has_liveness = true}; /* 0 messages, none yet, not connected */
             if (kvi_listeners_get(svc->listeners, &key, info) == 0) {
                 lv[j].status = status_of(info->state);
                 lv[j].last_error = info->last_error[0]
                                        ? kvi_scratch_strdup(&s, info->last_error, strlen(info->last_error))
                                        : NULL;
+                lv[j].messages = info->ctr.messages;
+                lv[j].has_last_message = info->last_message_set;
+                lv[j].seconds_since_last_message = info->last_message_age_ns / 1000000000u;
+                lv[j].connected = (int8_t)(!info->monitored ? -1 : info->connected ? 1 : 0);
             }
         }
         v[n++] = (struct kvi_worker_view){w->id, w->ns->model, w->ns->tenant, w->ns->block_size, NULL, lv,

@@ -19,6 +19,7 @@
 
 #include "engine/common.h"
 #include "engine/hash.h"
+#include "net/log.h"
 
 /* LoRA name + salt bytes up to this length are cached with their seed. */
 #define SEED_CACHE_MAX 256
@@ -54,9 +55,10 @@ struct kvi_ingest_scratch {
 
 __attribute__((format(printf, 2, 3))) static void ingest_warn(struct kvi_ingest_target *t, const char *fmt, ...);
 
+/* A warning through net/log.h ("ingest instance 7 rank 0: ..."), within the target's budget. */
 static void ingest_warn(struct kvi_ingest_target *t, const char *fmt, ...)
 {
-    if (t->warn_budget == 0)
+    if (t->warn_budget == 0 || !kvi_log_enabled(KVI_LOG_WARN))
         return;
     t->warn_budget--;
     char msg[256];
@@ -64,8 +66,8 @@ static void ingest_warn(struct kvi_ingest_target *t, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "kvidx ingest %s: %s%s\n", t->name ? t->name : "(unnamed)", msg,
-            t->warn_budget == 0 ? " (further warnings suppressed)" : "");
+    kvi_log_warn("ingest %s: %s%s", t->name ? t->name : "(unnamed)", msg,
+                 t->warn_budget == 0 ? " (further warnings suppressed)" : "");
 }
 
 /* ---- target life cycle ---------------------------------------------------- */

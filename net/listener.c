@@ -27,6 +27,26 @@
  *   each turn, so a socket or listener freed by a command is never on the
  *   ready list or in an unprocessed epoll event.
  *
+ *   Monitors (liveness, net/listener.h). When a SUB opens (a connect-mode
+ *   listener's, or a bind endpoint's shared one), the thread attaches a
+ *   connection monitor, within the pool's budget (pool->n_monitors, a
+ *   relaxed counter shared by the threads: a budget, not a hand-over):
+ *   zmq_socket_monitor makes the SUB publish its connection events on a
+ *   fresh inproc address, and a PAIR of the thread's, connected to it, sits
+ *   in the epoll set like any socket (SK_MON, served from the ready list).
+ *   Before the SUB connects or binds, so no event is missed. The thread
+ *   keeps the descriptors of the connections that are up (struct lmon) and
+ *   publishes their number in each listener's pub_peers; closing the SUB
+ *   closes its monitor.
+ *
+ *   Published state. Counters, watermarks, pub_peers and pub_last_msg_ns
+ *   are single-writer relaxed atomics: a snapshot (fill_info) reads each on
+ *   its own and needs no order between them, nor with anything else.
+ *
+ *   Logging. Stream events (net/replay.h kvi_stream_ops.note) and socket
+ *   trouble go to net/log.h through lis_log, which applies the listener's
+ *   budget and the pool's quiet flag.
+ *
  *   Ordering. Each listener's batches are decoded and ingested on its
  *   thread in seq order (the stream's rules), through the thread's producer:
  *   sticky routing then keeps every worker's ops in order on its writer.
@@ -46,11 +66,13 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "engine/common.h"
+#include "net/log.h"
 
 #define MAX_EVENTS 64
 
@@ -85,20 +107,28 @@ static void be64_put(void *p, uint64_t v)
 #define CTR(l, field, v) kvi_relaxed_add(&(l)->ctr.field, (uint64_t)(v))
 #define TCTR(t, field, v) kvi_relaxed_add(&(t)->field, (uint64_t)(v))
 
-__attribute__((format(printf, 2, 3))) static void lis_warn(struct listener *l, const char *fmt, ...);
+/*
+ * One log line of listener @p l: "listener instance 7 rank 0: <message>".
+ * Owner thread. Nothing under `quiet`, below the log level, or once the
+ * listener's budget is spent: warnings and errors each take one, info and
+ * debug lines print while some remain. The last line says so.
+ */
+__attribute__((format(printf, 3, 4))) static void lis_log(struct listener *l, enum kvi_log_level level,
+                                                          const char *fmt, ...);
 
-static void lis_warn(struct listener *l, const char *fmt, ...)
+static void lis_log(struct listener *l, enum kvi_log_level level, const char *fmt, ...)
 {
-    if (l->lp->cfg.quiet || l->warn_budget == 0)
+    if (l->lp->cfg.quiet || l->warn_budget == 0 || !kvi_log_enabled(level))
         return;
-    l->warn_budget--;
-    char msg[256];
+    if (level <= KVI_LOG_WARN)
+        l->warn_budget--;
+    char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "kvidx listener %s: %s%s\n", l->tgt_name, msg,
-            l->warn_budget == 0 ? " (further warnings suppressed)" : "");
+    kvi_log(level, "listener %s: %s%s", l->tgt_name, msg,
+            l->warn_budget == 0 ? " (further lines of this listener suppressed)" : "");
 }
 
 const char *kvi_listener_state_name(enum kvi_listener_state s)
@@ -177,10 +207,22 @@ static int sock_poll(struct lis_thread *t, struct lsock *s)
     return 0;
 }
 
+static void mon_close(struct lis_thread *t, struct lmon *m);
+static void mon_publish(struct lsock *target);
+
+/* Close @p s (and its monitor); a SUB's listeners then report no connection. */
 static void sock_close(struct lis_thread *t, struct lsock *s)
 {
     if (s->zs == NULL)
         return;
+    if (s->mon != NULL) {
+        /* Stop it first: a SUB closed with its monitor on is never freed by libzmq (measured:
+         * every descriptor of 1,000 such SUBs and monitors stayed open) */
+        if (s->mon->sock.zs != NULL)
+            zmq_socket_monitor(s->zs, NULL, 0);
+        mon_close(t, s->mon);
+        s->mon = NULL;
+    }
     unset_ready(t, s);
     if (s->polled)
         epoll_ctl(t->epfd, EPOLL_CTL_DEL, s->fd, NULL);
@@ -188,6 +230,8 @@ static void sock_close(struct lis_thread *t, struct lsock *s)
     zmq_close(s->zs);
     s->zs = NULL;
     atomic_fetch_sub_explicit(&t->n_sockets, 1, memory_order_relaxed);
+    if (s->kind == SK_SUB || s->kind == SK_BIND)
+        mon_publish(s);
 }
 
 static void setopt_int(void *zs, int opt, int v)
@@ -204,6 +248,7 @@ static int sock_open(struct lis_thread *t, struct lsock *s, int type, uint8_t ki
     s->kind = kind;
     s->owner = owner;
     s->ready = s->polled = false;
+    s->mon = NULL;
     atomic_fetch_add_explicit(&t->n_sockets, 1, memory_order_relaxed);
     setopt_int(s->zs, ZMQ_LINGER, 0);
     setopt_int(s->zs, ZMQ_RECONNECT_IVL, 100);
@@ -229,6 +274,156 @@ static int sock_open(struct lis_thread *t, struct lsock *s, int type, uint8_t ki
     return 0;
 }
 
+/* ---- connection monitors (thread side) ------------------------------------- */
+
+#define MON_EVENTS (ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED)
+
+static _Atomic uint64_t mon_seq; /* inproc address suffix: unique in the process, never reused */
+
+/* The most monitors the pool may hold now (cfg.monitors, or RLIMIT_NOFILE / 8). */
+static uint32_t mon_budget(const struct kvi_listeners *lp)
+{
+    if (lp->cfg.monitors != 0)
+        return lp->cfg.monitors < 0 ? 0 : (uint32_t)lp->cfg.monitors;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 0;
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur / 8 >= UINT32_MAX)
+        return UINT32_MAX;
+    return (uint32_t)(rl.rlim_cur / 8);
+}
+
+/* What @p target's listeners report: its connections up, 0 when closed, -1 when open unmonitored. */
+static int32_t mon_value(const struct lsock *target)
+{
+    if (target->zs == NULL)
+        return 0;
+    if (target->mon == NULL || target->mon->sock.zs == NULL)
+        return -1;
+    return (int32_t)target->mon->n_up;
+}
+
+/* Publish @p target's value to its listener (SUB) or to every subscribed member (BIND). */
+static void mon_publish(struct lsock *target)
+{
+    int32_t v = mon_value(target);
+    if (target->kind == SK_SUB) {
+        struct listener *l = target->owner;
+        atomic_store_explicit(&l->pub_peers, v, memory_order_relaxed); /* relaxed: see DESIGN */
+    } else if (target->kind == SK_BIND) {
+        struct bind_ep *b = target->owner;
+        for (size_t i = 0; i < b->n; i++)
+            atomic_store_explicit(&b->members[i]->pub_peers, b->members[i]->subscribed ? v : 0,
+                                  memory_order_relaxed);
+    }
+}
+
+/*
+ * Attach a monitor to the SUB @p target, just opened and not yet connected or
+ * bound. Without one (budget spent, or a ZMQ error) the listeners report
+ * connected as unknown. @return whether @p target is monitored.
+ */
+static bool mon_open(struct lis_thread *t, struct lmon *m, struct lsock *target)
+{
+    struct kvi_listeners *lp = t->lp;
+    if (atomic_fetch_add_explicit(&lp->n_monitors, 1, memory_order_relaxed) >= mon_budget(lp)) {
+        atomic_fetch_sub_explicit(&lp->n_monitors, 1, memory_order_relaxed);
+        mon_publish(target);
+        return false;
+    }
+    char addr[64];
+    snprintf(addr, sizeof addr, "inproc://kvidx-listener-monitor-%llu",
+             (unsigned long long)atomic_fetch_add_explicit(&mon_seq, 1, memory_order_relaxed));
+    struct lsock *s = &m->sock;
+    *s = (struct lsock){.kind = SK_MON, .owner = m};
+    m->target = target;
+    m->n_up = 0;
+    int rc = 0;
+    if (zmq_socket_monitor(target->zs, addr, MON_EVENTS) != 0 || (s->zs = zmq_socket(lp->zctx, ZMQ_PAIR)) == NULL) {
+        rc = -errno;
+    } else {
+        atomic_fetch_add_explicit(&t->n_sockets, 1, memory_order_relaxed);
+        setopt_int(s->zs, ZMQ_LINGER, 0);
+        setopt_int(s->zs, ZMQ_RCVHWM, 0); /* the SUB side drops events when its pipe fills: never fill ours */
+        size_t fdlen = sizeof s->fd;
+        if (zmq_connect(s->zs, addr) != 0 || zmq_getsockopt(s->zs, ZMQ_FD, &s->fd, &fdlen) != 0)
+            rc = -errno;
+        else
+            rc = sock_poll(t, s);
+    }
+    if (rc != 0) {
+        zmq_socket_monitor(target->zs, NULL, 0);
+        sock_close(t, s);
+        atomic_fetch_sub_explicit(&lp->n_monitors, 1, memory_order_relaxed);
+        if (!lp->cfg.quiet)
+            kvi_log_warn("listener thread %u: no connection monitor (%s): connected unknown", t->idx,
+                         zmq_strerror(-rc));
+        mon_publish(target);
+        return false;
+    }
+    target->mon = m;
+    mon_publish(target);
+    return true;
+}
+
+/* Close @p m's PAIR (the SUB's side goes with the SUB, or was stopped) and forget its connections. */
+static void mon_close(struct lis_thread *t, struct lmon *m)
+{
+    if (m->sock.zs != NULL) {
+        sock_close(t, &m->sock);
+        atomic_fetch_sub_explicit(&t->lp->n_monitors, 1, memory_order_relaxed);
+    }
+    free(m->up);
+    m->up = NULL;
+    m->n_up = m->cap_up = 0;
+}
+
+/* One event: a connection of descriptor @p fd came up or went away. */
+static void mon_event(struct lmon *m, uint16_t ev, int fd)
+{
+    uint32_t i = 0;
+    while (i < m->n_up && m->up[i] != fd)
+        i++;
+    if (ev & (ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED)) {
+        if (i < m->n_up)
+            return;
+        if (m->n_up == m->cap_up) {
+            m->cap_up = m->cap_up ? m->cap_up * 2 : 4;
+            m->up = kvi_xrealloc(m->up, m->cap_up * sizeof *m->up);
+        }
+        m->up[m->n_up++] = fd;
+    } else if (ev & (ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED)) {
+        if (i < m->n_up)
+            m->up[i] = m->up[--m->n_up];
+    }
+}
+
+/* Handle what the monitor PAIR received (nf frames in t->fr, or -errno). @return false once it is closed. */
+static bool mon_serve(struct lis_thread *t, struct lmon *m, int nf)
+{
+    struct lsock *target = m->target;
+    if (nf < 0) {
+        /* Stop the SUB's side too; its listeners report connected as unknown from now on. */
+        zmq_socket_monitor(target->zs, NULL, 0);
+        mon_close(t, m);
+        if (!t->lp->cfg.quiet)
+            kvi_log_warn("listener thread %u: connection monitor failed (%s): connected unknown", t->idx,
+                         zmq_strerror(-nf));
+        mon_publish(target);
+        return false;
+    }
+    if (zmq_msg_size(&t->fr[0]) == 6) { /* [u16 event, u32 value] in host order, then the address */
+        const uint8_t *d = zmq_msg_data(&t->fr[0]);
+        uint16_t ev;
+        uint32_t val;
+        memcpy(&ev, d, sizeof ev);
+        memcpy(&val, d + 2, sizeof val);
+        mon_event(m, ev, (int)val);
+        mon_publish(target);
+    }
+    return true;
+}
+
 /* ---- bind endpoints (thread side) ----------------------------------------- */
 
 static struct bind_ep *bind_find(struct lis_thread *t, const char *ep)
@@ -245,6 +440,8 @@ static int bind_ensure(struct lis_thread *t, struct bind_ep *b)
     if (b->bound)
         return 0;
     int rc = sock_open(t, &b->sock, ZMQ_SUB, SK_BIND, b);
+    if (rc == 0)
+        mon_open(t, &b->mon, &b->sock);
     if (rc == 0 && zmq_bind(b->sock.zs, b->endpoint) != 0)
         rc = -errno;
     if (rc != 0) {
@@ -324,7 +521,7 @@ static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
     if (timing)
         TCTR(t, decode_ns, t1 - t0);
     if (rc != 0) {
-        lis_warn(l, "batch %llu dropped: %s", (unsigned long long)seq, kvi_decoder_error_str(t->dec));
+        lis_log(l, KVI_LOG_WARN, "batch %llu dropped: %s", (unsigned long long)seq, kvi_decoder_error_str(t->dec));
         kvi_decoder_trim(t->dec); /* a huge bad frame must not pin its scratch */
         return -EBADMSG;
     }
@@ -361,7 +558,7 @@ static int dealer_open(struct listener *l)
         rc = sock_poll(t, &l->dealer);
     if (rc != 0) {
         sock_close(t, &l->dealer);
-        lis_warn(l, "failed to connect replay DEALER to %s: %s", l->replay_ep, zmq_strerror(-rc));
+        lis_log(l, KVI_LOG_WARN, "failed to connect replay DEALER to %s: %s", l->replay_ep, zmq_strerror(-rc));
     }
     return rc;
 }
@@ -382,7 +579,8 @@ static int cb_request(void *ctx, uint64_t from)
         rc = -errno;
     set_ready(l->thr, &l->dealer); /* a send may leave the socket readable without an fd event */
     if (rc != 0)
-        lis_warn(l, "replay request from %llu failed: %s", (unsigned long long)from, zmq_strerror(-rc));
+        lis_log(l, KVI_LOG_WARN, "replay request from seq %llu failed: %s", (unsigned long long)from,
+                zmq_strerror(-rc));
     return rc;
 }
 
@@ -393,41 +591,67 @@ static void cb_reset_dealer(void *ctx)
     sock_close(l->thr, &l->dealer);
 }
 
+/* A stream event worth a log line (net/replay.h), at the level it deserves. */
+static void cb_note(void *ctx, const struct kvi_stream_note *n)
+{
+    struct listener *l = ctx;
+    const struct kvi_wm *wm = &l->stream.wm;
+    unsigned long long exp = n->expected, seq = n->seq, lost = n->lost, batches = n->batches;
+    double ms = (double)n->ns / 1e6;
+    char w[32] = "unset";
+    if (wm->w_set)
+        snprintf(w, sizeof w, "%llu", (unsigned long long)wm->w);
+    const char *cleared = n->cleared ? "; rank cleared (gap policy clear)" : "";
+    switch (n->type) {
+    case KVI_NOTE_GAP:
+        if (!wm->w_set) /* nothing applied yet: a join, not a loss */
+            lis_log(l, KVI_LOG_INFO, "joined the stream at seq %llu with nothing applied yet: replaying from seq %llu",
+                    seq, exp);
+        else
+            lis_log(l, KVI_LOG_WARN, "gap detected: expected seq %llu, got seq %llu (%llu batches missing)", exp, seq,
+                    seq - exp);
+        break;
+    case KVI_NOTE_LOSS:
+        if (!wm->w_set && exp == 0)
+            lis_log(l, KVI_LOG_WARN, "joined the stream at seq %llu and no replay endpoint: %llu earlier batches not "
+                    "indexed", seq, lost);
+        else
+            lis_log(l, KVI_LOG_WARN, "gap detected: expected seq %llu, got seq %llu; no replay endpoint: %llu "
+                    "batches lost%s", exp, seq, lost, cleared);
+        break;
+    case KVI_NOTE_RESTART:
+        lis_log(l, KVI_LOG_WARN, "publisher restart detected: seq went back from %llu to %llu%s; rank cleared", exp,
+                seq, n->in_replay ? " during a replay (the replay and its buffered batches dropped)" : "");
+        break;
+    case KVI_NOTE_REQUEST:
+        if (n->retry == 0)
+            lis_log(l, KVI_LOG_INFO, "replay requested from seq %llu (%s)", exp, l->replay_ep);
+        else
+            lis_log(l, KVI_LOG_INFO, "replay re-requested from seq %llu after missing replies (retry %u of %u)", exp,
+                    n->retry, l->lp->cfg.replay_retries);
+        break;
+    case KVI_NOTE_REPLAY_DONE:
+        lis_log(l, KVI_LOG_INFO, "replay from seq %llu done: %llu batches replayed in %.1f ms; watermark %s", exp,
+                batches, ms, w);
+        break;
+    case KVI_NOTE_GIVEN_UP:
+        lis_log(l, KVI_LOG_ERROR, "replay from seq %llu (%s) given up, %s, after %.1f ms: %llu batches replayed, "
+                "%llu lost%s; watermark %s", exp, l->replay_ep, n->why, ms, batches, lost, cleared, w);
+        break;
+    case KVI_NOTE_OVERRUN:
+        lis_log(l, KVI_LOG_WARN, "replay answered from seq %llu, past the requested seq %llu (engine buffer "
+                "overrun): %llu batches lost%s", seq, exp, lost, cleared);
+        break;
+    }
+}
+
 const struct kvi_stream_ops kvi_lis__stream_ops = {
     .apply = cb_apply,
     .clear = cb_clear,
     .request = cb_request,
     .reset_dealer = cb_reset_dealer,
+    .note = cb_note,
 };
-
-/* Stream events worth a log line, compared with what was logged last (owner thread). */
-#define NOTABLE(X) X(gaps) X(lost) X(restarts) X(gap_clears) X(replay_overruns) X(replay_fallbacks)
-
-static void log_stream(struct listener *l)
-{
-#define LOAD_N(f) uint64_t f = atomic_load_explicit(&l->ctr.f, memory_order_relaxed);
-    NOTABLE(LOAD_N)
-#undef LOAD_N
-    struct notable *o = &l->logged;
-    if (gaps == o->gaps && lost == o->lost && restarts == o->restarts && gap_clears == o->gap_clears &&
-        replay_overruns == o->replay_overruns && replay_fallbacks == o->replay_fallbacks)
-        return;
-    const struct kvi_wm *wm = &l->stream.wm;
-    if (restarts != o->restarts)
-        lis_warn(l, "publisher restart detected (seq went back to %llu): rank cleared",
-                 (unsigned long long)wm->l);
-    if (gaps != o->gaps && l->replay_ep == NULL)
-        lis_warn(l, "gap before seq %llu and no replay endpoint configured: batches lost%s",
-                 (unsigned long long)wm->l, gap_clears != o->gap_clears ? "; rank cleared" : "");
-    if (replay_overruns != o->replay_overruns)
-        lis_warn(l, "replay started past the requested seq (engine buffer overrun): batches lost");
-    if (replay_fallbacks != o->replay_fallbacks)
-        lis_warn(l, "replay given up%s; watermark now %llu", gap_clears != o->gap_clears ? ", rank cleared" : "",
-                 (unsigned long long)wm->w);
-#define STORE_N(f) o->f = f;
-    NOTABLE(STORE_N)
-#undef STORE_N
-}
 
 /* Keep the thread's list of replaying listeners (for deadlines) in step with the stream. */
 static void after_stream(struct listener *l)
@@ -435,8 +659,6 @@ static void after_stream(struct listener *l)
     struct lis_thread *t = l->thr;
     bool r = kvi_stream_replaying(&l->stream);
     publish_wm(l);
-    if (l->warn_budget > 0)
-        log_stream(l);
     if (r == l->replay_listed)
         return;
     atomic_store_explicit(&l->pub_replaying, r, memory_order_relaxed);
@@ -469,6 +691,7 @@ static void lis_stop(struct listener *l)
         if (l->bind->sock.zs != NULL)
             zmq_setsockopt(l->bind->sock.zs, ZMQ_UNSUBSCRIBE, l->topic, l->topic_len);
         l->subscribed = false;
+        atomic_store_explicit(&l->pub_peers, 0, memory_order_relaxed); /* relaxed: DESIGN */
     }
     kvi_stream_abort(&l->stream);
     after_stream(l);
@@ -478,7 +701,7 @@ static void lis_fail(struct listener *l, const char *what, int err)
 {
     lis_stop(l);
     set_state(l, KVI_LISTENER_FAILED, "%s: %s", what, zmq_strerror(err));
-    lis_warn(l, "%s: %s", what, zmq_strerror(err));
+    lis_log(l, KVI_LOG_ERROR, "%s: %s", what, zmq_strerror(err));
 }
 
 /* Open the sockets; drain them when the gate is open. Sets the state. */
@@ -489,6 +712,8 @@ static void lis_start(struct listener *l)
     if (l->mode == KVI_LISTEN_CONNECT) {
         if (l->sub.zs == NULL) {
             int rc = sock_open(t, &l->sub, ZMQ_SUB, SK_SUB, l);
+            if (rc == 0)
+                mon_open(t, &l->mon, &l->sub);
             if (rc == 0 && zmq_setsockopt(l->sub.zs, ZMQ_SUBSCRIBE, l->topic, l->topic_len) != 0)
                 rc = -errno;
             if (rc == 0 && zmq_connect(l->sub.zs, l->endpoint) != 0)
@@ -521,6 +746,7 @@ static void lis_start(struct listener *l)
             }
             l->subscribed = true;
         }
+        atomic_store_explicit(&l->pub_peers, mon_value(&b->sock), memory_order_relaxed); /* relaxed: DESIGN */
     }
     l->draining = open;
     set_state(l, open ? KVI_LISTENER_ACTIVE : KVI_LISTENER_PENDING, NULL);
@@ -553,7 +779,6 @@ static int recv_frames(struct lis_thread *t, void *zs)
         }
         n++;
     }
-    TCTR(t, messages, 1);
     return n;
 }
 
@@ -562,17 +787,18 @@ static void handle_live(struct listener *l, int nf, uint64_t now)
     struct lis_thread *t = l->thr;
     if (nf != 3 || zmq_msg_size(&t->fr[1]) != 8) {
         CTR(l, malformed, 1);
-        lis_warn(l, "malformed message dropped (%d frames, seq frame of %zu bytes)", nf,
-                 nf >= 2 ? zmq_msg_size(&t->fr[1]) : (size_t)0);
+        lis_log(l, KVI_LOG_WARN, "malformed message dropped (%d frames, seq frame of %zu bytes)", nf,
+                nf >= 2 ? zmq_msg_size(&t->fr[1]) : (size_t)0);
         return;
     }
     uint64_t seq = be64_get(zmq_msg_data(&t->fr[1]));
     if (seq == KVI_SEQ_SENTINEL) {
         CTR(l, malformed, 1);
-        lis_warn(l, "live message with the sentinel seq dropped");
+        lis_log(l, KVI_LOG_WARN, "live message with the sentinel seq dropped");
         return;
     }
     CTR(l, messages, 1);
+    atomic_store_explicit(&l->pub_last_msg_ns, now, memory_order_relaxed); /* relaxed: DESIGN */
     CTR(l, bytes, zmq_msg_size(&t->fr[2]));
     kvi_stream_live(&l->stream, seq, &t->fr[2], now);
     after_stream(l);
@@ -589,7 +815,7 @@ static void handle_reply(struct listener *l, int nf, uint64_t now)
     }
     if (seqf == NULL || zmq_msg_size(seqf) != 8) {
         CTR(l, replay_malformed, 1);
-        lis_warn(l, "malformed replay reply ignored (%d frames)", nf);
+        lis_log(l, KVI_LOG_WARN, "malformed replay reply ignored (%d frames)", nf);
         return;
     }
     uint64_t seq = be64_get(zmq_msg_data(seqf));
@@ -598,7 +824,7 @@ static void handle_reply(struct listener *l, int nf, uint64_t now)
             kvi_stream_sentinel(&l->stream, now);
         } else {
             CTR(l, replay_malformed, 1);
-            lis_warn(l, "replay reply with the sentinel seq and a payload ignored");
+            lis_log(l, KVI_LOG_WARN, "replay reply with the sentinel seq and a payload ignored");
         }
     } else {
         kvi_stream_reply(&l->stream, seq, pay, now);
@@ -624,6 +850,8 @@ static void release_frames(struct lis_thread *t)
 /* Handle the message in t->fr (nf > 0 frames) or a receive error (nf < 0). @return false once s is closed. */
 static bool serve_one(struct lis_thread *t, struct lsock *s, int nf, uint64_t now)
 {
+    if (s->kind == SK_MON)
+        return mon_serve(t, s->owner, nf);
     if (s->kind == SK_BIND) {
         struct bind_ep *b = s->owner;
         if (nf < 0) {
@@ -668,6 +896,8 @@ static bool serve(struct lis_thread *t, struct lsock *s)
         int nf = recv_frames(t, s->zs);
         if (nf == 0)
             return false;
+        if (nf > 0 && s->kind != SK_MON)
+            TCTR(t, messages, 1);
         bool open = serve_one(t, s, nf, now);
         release_frames(t);
         if (!open)
@@ -721,8 +951,7 @@ static void tick_replays(struct lis_thread *t)
     uint64_t now = kvi_now_ns();
     for (size_t i = 0; i < t->n_replaying;) {
         struct listener *l = t->replaying[i];
-        if (kvi_stream_tick(&l->stream, now)) {
-            lis_warn(l, "replay from %s timed out without progress", l->replay_ep);
+        if (kvi_stream_tick(&l->stream, now)) { /* logged by cb_note */
             after_stream(l); /* removes l from the list */
         } else {
             i++;

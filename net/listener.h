@@ -29,12 +29,32 @@
  *            but not drained: the pool was created gated and
  *            kvi_listeners_open_gate has not run yet (http-api.md §1.2, §1.16)
  *   active   draining (does not mean the publisher is up: ZMQ connects
- *            asynchronously and reconnects by itself)
+ *            asynchronously and reconnects by itself; see LIVENESS)
  *   paused   sockets closed (batches published meanwhile are lost to kvidx);
  *            the watermarks are kept, so the first batch after resume shows
  *            the gap and triggers a replay
  *   failed   last_error says why (connect or bind failure, receive error);
  *            resume retries
+ *
+ * LIVENESS
+ *   What the state cannot say, the snapshot (kvi_listener_info) does:
+ *   `connected`, from the SUB socket's connection events (zmq_socket_monitor,
+ *   read by the listener thread in its epoll loop): connect mode, the SUB's
+ *   connection to the engine's PUB is up; bind mode, at least one engine's
+ *   connection was accepted on the endpoint and not all have gone since. A
+ *   monitor costs two descriptors (two inproc PAIR sockets, one eventfd
+ *   each), so a pool monitors at most `monitors` sockets (default: an eighth
+ *   of RLIMIT_NOFILE); past that `monitored` is false and `connected` is
+ *   unknown. `ctr.messages` counts live messages and `last_message_age_ns`
+ *   says how long ago the last one arrived.
+ *
+ * LOGGING
+ *   Through net/log.h (kvi_log): gaps, restarts, lost batches and replay
+ *   overruns at warn, each replay's request and result at info, a replay
+ *   given up and a listener that failed at error, dropped messages at warn.
+ *   Each listener prints at most KVI_LIS_WARN_BUDGET warnings and errors
+ *   (its info lines print while some remain), then says further lines are
+ *   suppressed; `quiet` prints nothing.
  *
  * THREADS AND OWNERSHIP
  *   A pool owns N listener threads (default 1, or 2 on machines with more
@@ -174,9 +194,12 @@ struct kvi_listeners_config {
     uint32_t budget;            /* 0 = KVI_LISTEN_DEFAULT_BUDGET */
     bool gated;                 /* registrations stay pending until kvi_listeners_open_gate */
     bool timing;                /* measure decode / ingest time per thread (kvi_listener_thread_stats) */
-    bool quiet;                 /* no warnings on stderr (counters still count) */
+    bool quiet;                 /* no log lines (counters still count) */
     void *zmq_ctx;              /* a ZMQ context to use (inproc:// engines in this process; it
                                    must outlive the pool); NULL = the pool creates its own */
+    int monitors;               /* SUB sockets with a connection monitor (2 descriptors each; LIVENESS):
+                                   0 = RLIMIT_NOFILE's soft limit / 8, read when a socket opens;
+                                   < 0 = none */
 };
 
 /** One registration. Strings are copied by kvi_listeners_register. */
@@ -227,6 +250,19 @@ struct kvi_listener_info {
     bool replaying;
     uint32_t thread;             /* listener thread index */
     struct kvi_listener_counters ctr;
+    /*
+     * Liveness (LIVENESS above). Written by the
+     * listener thread as relaxed atomics: each field is current on its own,
+     * not as of one instant with the others. The message count is
+     * ctr.messages.
+     */
+    bool monitored;              /* connected is known: false only while the SUB is open without a monitor */
+    bool connected;              /* ZMQ reports a connection up: connect mode, the SUB's to the engine; bind
+                                    mode, at least one engine accepted on the endpoint and not disconnected
+                                    (false while paused, failed or unsubscribed) */
+    uint32_t peers;              /* connections up (bind mode: engines connected to the shared endpoint) */
+    bool last_message_set;       /* a live message has arrived since registration */
+    uint64_t last_message_age_ns; /* how long before the snapshot the last live message arrived */
 };
 
 /** Totals over every listener, departed ones included (counters only grow). */

@@ -17,10 +17,12 @@
 #include "net/listener.h"
 #include "net/replay.h"
 
-#define KVI_LIS_WARN_BUDGET 20  /* warnings a listener prints before going quiet */
+#define KVI_LIS_WARN_BUDGET 20  /* warnings and errors a listener prints before going quiet */
 #define KVI_LIS_MAX_RANKS 8     /* batch ranks remembered per listener (cleared with it on restart) */
 
-enum sock_kind { SK_CMD, SK_SUB, SK_BIND, SK_DEALER };
+enum sock_kind { SK_CMD, SK_SUB, SK_BIND, SK_DEALER, SK_MON };
+
+struct lmon;
 
 /* A ZMQ socket in a thread's epoll set. Embedded in its owner, never freed alone. */
 struct lsock {
@@ -29,7 +31,22 @@ struct lsock {
     uint8_t kind;  /* enum sock_kind */
     bool ready;    /* on the thread's ready list */
     bool polled;   /* in the epoll set */
-    void *owner;   /* struct listener (SUB, DEALER), struct bind_ep (BIND) */
+    void *owner;   /* struct listener (SUB, DEALER), struct bind_ep (BIND), struct lmon (MON) */
+    struct lmon *mon; /* SUB, BIND: the monitor attached when the socket opened, or NULL */
+};
+
+/*
+ * The connection monitor of a SUB (a listener's or a bind endpoint's): a PAIR
+ * connected to the SUB's zmq_socket_monitor PAIR, in the thread's epoll set
+ * like any socket, and the descriptors of the SUB's connections that are up
+ * (CONNECTED / ACCEPTED add one, DISCONNECTED / CLOSED remove it). Embedded
+ * in the SUB's owner; owner thread only.
+ */
+struct lmon {
+    struct lsock sock;    /* kind SK_MON, owner this lmon; zs NULL when not monitoring */
+    struct lsock *target; /* the monitored SUB */
+    int *up;              /* descriptors of connections up (few: one per engine) */
+    uint32_t n_up, cap_up;
 };
 
 struct lis_thread;
@@ -56,6 +73,7 @@ struct listener {
 
     /* owner thread */
     struct lsock sub, dealer;
+    struct lmon mon;     /* connect mode: the SUB's monitor */
     struct bind_ep *bind;
     bool draining;       /* messages are read and handled */
     bool subscribed;     /* bind mode: topic subscribed on the shared socket */
@@ -64,9 +82,6 @@ struct listener {
     uint32_t n_ranks;
     uint32_t ranks[KVI_LIS_MAX_RANKS]; /* batch ranks other than dp_rank seen since the last reset */
     struct kvi_stream stream;
-    struct notable {
-        uint64_t gaps, lost, restarts, gap_clears, replay_overruns, replay_fallbacks;
-    } logged;
     struct kvi_ingest_target tgt;
     char tgt_name[96];
 
@@ -77,12 +92,15 @@ struct listener {
     _Atomic uint64_t pub_w1;     /* W + 1, 0 = unset */
     _Atomic uint64_t pub_l1;     /* L + 1, 0 = unset */
     _Atomic bool pub_replaying;
+    _Atomic int32_t pub_peers;   /* connections up; 0 also with no SUB open; -1: SUB open, not monitored */
+    _Atomic uint64_t pub_last_msg_ns; /* kvi_now_ns() of the last live message, 0 = none yet */
 };
 
 /* A bound SUB shared by the bind-mode registrations of one endpoint (thread-owned). */
 struct bind_ep {
     char *endpoint;
     struct lsock sock;
+    struct lmon mon;     /* the shared SUB's monitor (members' pub_peers) */
     bool bound;
     struct listener **members;
     size_t n, cap;
@@ -160,6 +178,7 @@ struct kvi_listeners {
     struct bind_reg *binds;
     struct kvi_listener_counters departed;
     uint64_t departed_unknown_topic;
+    _Atomic uint32_t n_monitors; /* monitors open over all threads (the budget of cfg.monitors) */
     uint32_t n_threads;
     struct lis_thread *thr;
 };

@@ -535,6 +535,15 @@ static void fill_info(struct listener *l, struct kvi_listener_info *o)
     o->replaying = atomic_load_explicit(&l->pub_replaying, memory_order_relaxed);
     o->thread = l->thr->idx;
     read_counters(l, &o->ctr);
+    /* relaxed: each liveness field stands alone (net/listener.c DESIGN, "Published state") */
+    int32_t peers = atomic_load_explicit(&l->pub_peers, memory_order_relaxed);
+    o->monitored = peers >= 0;
+    o->connected = peers > 0;
+    o->peers = peers > 0 ? (uint32_t)peers : 0;
+    uint64_t last = atomic_load_explicit(&l->pub_last_msg_ns, memory_order_relaxed);
+    uint64_t now = kvi_now_ns();
+    o->last_message_set = last != 0;
+    o->last_message_age_ns = last != 0 && now > last ? now - last : 0;
 }
 
 int kvi_listeners_get(struct kvi_listeners *lp, const struct kvi_listener_key *key, struct kvi_listener_info *out)

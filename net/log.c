@@ -1,11 +1,13 @@
 /*
  * Leveled logger: formats a whole line into a stack buffer and writes it with
  * one write(2) to stderr (atomic for lines up to PIPE_BUF when stderr is a
- * pipe, and never interleaved with other kvidx lines in practice).
+ * pipe, and never interleaved with other kvidx lines in practice), or hands
+ * it to the sink set by kvi_log_set_sink.
  */
 #include "net/log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -17,6 +19,26 @@
 #define LOG_LINE_MAX 2048
 
 static _Atomic int log_level = KVI_LOG_INFO;
+
+/*
+ * The sink. sink_on is read on every line without the lock; release in
+ * set_sink / acquire in kvi_log pairs it with sink_fn and sink_ctx, which are
+ * read again under sink_mu (so a set_sink(NULL) racing with a line is seen
+ * either before the call or not at all).
+ */
+static pthread_mutex_t sink_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvi_log_sink_fn sink_fn; /* sink_mu */
+static void *sink_ctx;          /* sink_mu */
+static _Atomic bool sink_on;
+
+void kvi_log_set_sink(kvi_log_sink_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&sink_mu);
+    sink_fn = fn;
+    sink_ctx = ctx;
+    atomic_store_explicit(&sink_on, fn != NULL, memory_order_release); /* pairs with kvi_log's acquire */
+    pthread_mutex_unlock(&sink_mu);
+}
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 static const char *const level_tags[] = {"ERROR", "WARN ", "INFO ", "DEBUG"};
@@ -81,6 +103,15 @@ void kvi_log(enum kvi_log_level level, const char *fmt, ...)
     while (len > (size_t)n && line[len - 1] == '\n')
         len--;
     line[len++] = '\n';
+    if (atomic_load_explicit(&sink_on, memory_order_acquire)) { /* pairs with set_sink's release */
+        pthread_mutex_lock(&sink_mu);
+        bool sent = sink_fn != NULL;
+        if (sent)
+            sink_fn(sink_ctx, level, line, len);
+        pthread_mutex_unlock(&sink_mu);
+        if (sent)
+            return;
+    }
     ssize_t w = write(STDERR_FILENO, line, len);
     (void)w;
 }

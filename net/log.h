@@ -9,11 +9,15 @@
  *
  * THREAD-SAFETY: every function may be called from any thread. The level is
  * a relaxed atomic; changing it while other threads log is fine.
+ *
+ * SINK: kvi_log_set_sink diverts the formatted lines from stderr to a
+ * function (tests capture what the daemon would print); see its contract.
  */
 #ifndef KVI_NET_LOG_H
 #define KVI_NET_LOG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 enum kvi_log_level {
     KVI_LOG_ERROR = 0,
@@ -45,6 +49,18 @@ bool kvi_log_enabled(enum kvi_log_level level);
  * newline in @p fmt is not needed; lines longer than 2,000 bytes are cut.
  */
 void kvi_log(enum kvi_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/**
+ * Where lines go instead of stderr: @p fn receives each whole formatted line
+ * (timestamp, level tag and message, ending in '\n', not NUL-terminated) and
+ * its level. Pass NULL to restore stderr.
+ * Thread: any. Calls of @p fn are serialised by an internal mutex, which
+ * set_sink takes too: once set_sink returns, no call of the previous sink is
+ * running or will start, so its @p ctx may be freed. @p fn must not log (it
+ * would deadlock). While no sink is set, logging takes no lock.
+ */
+typedef void (*kvi_log_sink_fn)(void *ctx, enum kvi_log_level level, const char *line, size_t len);
+void kvi_log_set_sink(kvi_log_sink_fn fn, void *ctx);
 
 #define kvi_log_error(...) kvi_log(KVI_LOG_ERROR, __VA_ARGS__)
 #define kvi_log_warn(...) kvi_log(KVI_LOG_WARN, __VA_ARGS__)

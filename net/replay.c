@@ -16,6 +16,12 @@
 
 #define CTR(st, field, v) kvi_relaxed_add(&(st)->ctr->field, (uint64_t)(v))
 
+static void note(struct kvi_stream *st, const struct kvi_stream_note *n)
+{
+    if (st->ops->note != NULL)
+        st->ops->note(st->ctx, n);
+}
+
 void kvi_stream_init(struct kvi_stream *st, const struct kvi_stream_cfg *cfg, const struct kvi_stream_ops *ops,
                      void *ctx, struct kvi_stream_ctr *ctr)
 {
@@ -92,8 +98,10 @@ static void apply_one(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, bool 
     if (rc == 0) {
         kvi_wm_applied(&st->wm, seq);
         CTR(st, batches, 1);
-        if (replayed)
+        if (replayed) {
             CTR(st, replayed, 1);
+            st->rep_applied++;
+        }
     } else if (replayed) {
         kvi_wm_applied(&st->wm, seq);
         CTR(st, replay_undecodable, 1);
@@ -132,27 +140,34 @@ static void end_replay(struct kvi_stream *st)
 
 /*
  * Give the replay up: accept the loss (or clear the rank under the clear
- * policy) and apply what was buffered, in seq order.
+ * policy) and apply what was buffered, in seq order. @p why is the note's.
  */
-static void give_up(struct kvi_stream *st, bool discard_dealer)
+static void give_up(struct kvi_stream *st, bool discard_dealer, const char *why, uint64_t now_ns)
 {
     CTR(st, replay_fallbacks, 1);
     if (discard_dealer)
         st->ops->reset_dealer(st->ctx);
     end_replay(st);
     drain(st);
-    if (st->head == st->len)
-        return;
-    if (st->policy == KVI_GAP_CLEAR && st->wm.w_set) {
+    struct kvi_stream_note n = {
+        .type = KVI_NOTE_GIVEN_UP,
+        .expected = st->first_from,
+        .ns = now_ns > st->started_ns ? now_ns - st->started_ns : 0,
+        .why = why,
+    };
+    if (st->head < st->len && st->policy == KVI_GAP_CLEAR && st->wm.w_set) {
         st->ops->clear(st->ctx);
         CTR(st, gap_clears, 1);
+        n.cleared = true;
     }
     for (size_t i = st->head; i < st->len; i++) {
         struct kvi_stream_buf *e = &st->buf[i];
         uint64_t next = kvi_wm_next(&st->wm);
         if (e->seq >= next) {
-            if (e->seq > next)
+            if (e->seq > next) {
                 CTR(st, lost, e->seq - next);
+                n.lost += e->seq - next;
+            }
             apply_one(st, e->seq, &e->msg, e->replayed);
         } else {
             CTR(st, stale, 1);
@@ -160,6 +175,8 @@ static void give_up(struct kvi_stream *st, bool discard_dealer)
         zmq_msg_close(&e->msg);
     }
     st->head = st->len = 0;
+    n.batches = st->rep_applied;
+    note(st, &n);
 }
 
 static void send_request(struct kvi_stream *st, uint64_t from, uint64_t now_ns)
@@ -168,23 +185,27 @@ static void send_request(struct kvi_stream *st, uint64_t from, uint64_t now_ns)
     st->got_first = false;
     st->deadline_ns = now_ns + st->timeout_ns;
     CTR(st, replay_requests, 1);
+    note(st, &(struct kvi_stream_note){.type = KVI_NOTE_REQUEST, .expected = from, .retry = st->retries});
     if (st->ops->request(st->ctx, from) < 0)
-        give_up(st, true);
+        give_up(st, true, "request failed", now_ns);
 }
 
 static void start_replay(struct kvi_stream *st, uint64_t from, uint64_t now_ns)
 {
     st->replaying = true;
     st->retries = 0;
+    st->started_ns = now_ns;
+    st->first_from = from;
+    st->rep_applied = 0;
     CTR(st, replays, 1);
     send_request(st, from, now_ns);
 }
 
-static void check_overflow(struct kvi_stream *st)
+static void check_overflow(struct kvi_stream *st, uint64_t now_ns)
 {
     if (st->replaying && kvi_stream_buffered(st) > st->max_buffered) {
         CTR(st, buffer_overflows, 1);
-        give_up(st, true);
+        give_up(st, true, "buffer limit reached", now_ns);
     }
 }
 
@@ -196,6 +217,7 @@ void kvi_stream_abort(struct kvi_stream *st)
 
 void kvi_stream_live(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint64_t now_ns)
 {
+    bool was_replaying = st->replaying;
     if (st->replaying) {
         if (!(st->wm.l_set && seq <= st->wm.l)) {
             st->wm.l = seq;
@@ -206,7 +228,7 @@ void kvi_stream_live(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint64
             }
             if (buf_insert(st, seq, false, msg))
                 CTR(st, live_buffered, 1);
-            check_overflow(st);
+            check_overflow(st, now_ns);
             return;
         }
         /* Restart during the replay: whatever the old publisher still sends is void. */
@@ -214,10 +236,13 @@ void kvi_stream_live(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint64
         kvi_stream_abort(st);
     }
 
+    uint64_t last_live = st->wm.l;
     struct kvi_wm_verdict v = kvi_wm_live(&st->wm, seq, st->can_replay, (enum kvi_gap_policy)st->policy);
     if (v.restart) {
         CTR(st, restarts, 1);
         st->ops->clear(st->ctx);
+        note(st, &(struct kvi_stream_note){
+                     .type = KVI_NOTE_RESTART, .expected = last_live, .seq = seq, .in_replay = was_replaying});
     }
     switch (v.act) {
     case KVI_WM_APPLY:
@@ -228,6 +253,7 @@ void kvi_stream_live(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint64
         break;
     case KVI_WM_REPLAY:
         CTR(st, gaps, 1);
+        note(st, &(struct kvi_stream_note){.type = KVI_NOTE_GAP, .expected = v.from, .seq = seq});
         buf_insert(st, seq, false, msg);
         start_replay(st, v.from, now_ns);
         break;
@@ -238,6 +264,11 @@ void kvi_stream_live(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint64
     case KVI_WM_LOSS:
         CTR(st, gaps, 1);
         CTR(st, lost, v.lost);
+        note(st, &(struct kvi_stream_note){.type = KVI_NOTE_LOSS,
+                                           .expected = seq - v.lost,
+                                           .seq = seq,
+                                           .lost = v.lost,
+                                           .cleared = v.act == KVI_WM_LOSS_CLEAR});
         apply_one(st, seq, msg, false);
         break;
     }
@@ -260,10 +291,13 @@ void kvi_stream_reply(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint6
         /* The engine's buffer no longer reaches the start (§7.2): lost for good. */
         CTR(st, replay_overruns, 1);
         CTR(st, lost, seq - next);
+        struct kvi_stream_note n = {.type = KVI_NOTE_OVERRUN, .expected = st->req_from, .seq = seq, .lost = seq - next};
         if (st->policy == KVI_GAP_CLEAR && st->wm.w_set) {
             st->ops->clear(st->ctx);
             CTR(st, gap_clears, 1);
+            n.cleared = true;
         }
+        note(st, &n);
         apply_one(st, seq, msg, true);
         drain(st);
         return;
@@ -283,7 +317,7 @@ void kvi_stream_reply(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint6
         CTR(st, replay_holes, seq - hole_from);
     if (!buf_insert(st, seq, true, msg))
         CTR(st, replay_dups, 1);
-    check_overflow(st);
+    check_overflow(st, now_ns);
 }
 
 void kvi_stream_sentinel(struct kvi_stream *st, uint64_t now_ns)
@@ -293,6 +327,10 @@ void kvi_stream_sentinel(struct kvi_stream *st, uint64_t now_ns)
     drain(st);
     if (st->head == st->len) {
         end_replay(st);
+        note(st, &(struct kvi_stream_note){.type = KVI_NOTE_REPLAY_DONE,
+                                           .expected = st->first_from,
+                                           .batches = st->rep_applied,
+                                           .ns = now_ns > st->started_ns ? now_ns - st->started_ns : 0});
         return;
     }
     if (st->retries < st->max_retries) {
@@ -300,7 +338,7 @@ void kvi_stream_sentinel(struct kvi_stream *st, uint64_t now_ns)
         CTR(st, replay_retries, 1);
         send_request(st, kvi_wm_next(&st->wm), now_ns);
     } else {
-        give_up(st, false);
+        give_up(st, false, "retries exhausted", now_ns);
     }
 }
 
@@ -309,6 +347,6 @@ bool kvi_stream_tick(struct kvi_stream *st, uint64_t now_ns)
     if (!st->replaying || now_ns < st->deadline_ns)
         return false;
     CTR(st, replay_timeouts, 1);
-    give_up(st, true);
+    give_up(st, true, "timed out without progress", now_ns);
     return true;
 }

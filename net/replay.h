@@ -3,7 +3,8 @@
  * state machine of wire-protocol.md §7, without sockets. The listener
  * (net/listener.c) feeds it live messages, replay replies, sentinels and
  * clock ticks; the stream calls back to apply batches, clear the rank, send
- * replay requests and discard the DEALER.
+ * replay requests and discard the DEALER, and reports gaps, restarts and how
+ * each replay went (kvi_stream_ops.note) for the owner's log.
  *
  * REPLAY
  *   A gap (live s > W + 1, or a first live s > 0) starts a replay from
@@ -62,6 +63,47 @@ struct kvi_stream_ctr {
     KVI_LISTENER_COUNTERS(KVI_LISTEN_X_ATOMIC)
 };
 
+/** What a stream tells its owner's log (kvi_stream_ops.note); the owner picks the level. */
+enum kvi_stream_note_type {
+    KVI_NOTE_GAP,         /* a live seq past the next one due: a replay from `expected` follows */
+    KVI_NOTE_LOSS,        /* the same without a replay endpoint: `lost` batches lost for good */
+    KVI_NOTE_RESTART,     /* a live seq at or below L: publisher restart, the rank was cleared */
+    KVI_NOTE_REQUEST,     /* a replay request is about to be sent */
+    KVI_NOTE_REPLAY_DONE, /* the replay ended with every batch up to the buffered ones applied */
+    KVI_NOTE_GIVEN_UP,    /* the replay was given up: loss accepted (or rank cleared) */
+    KVI_NOTE_OVERRUN,     /* the first reply started past the requested seq (engine buffer overrun) */
+};
+
+/**
+ * One note. Fields not listed for a type are 0 / NULL / false.
+ *   GAP          expected (W + 1, or 0 while W is unset), seq (the live seq received)
+ *   LOSS         expected, seq, lost (= seq - expected), cleared (clear policy)
+ *   RESTART      expected (L, the last live seq), seq (<= L), in_replay (a replay and
+ *                its buffer were dropped)
+ *   REQUEST      expected (the start seq), retry (0 for the first request of a replay,
+ *                then 1 .. max_retries)
+ *   REPLAY_DONE  expected (the start seq of the replay's first request), batches (applied
+ *                from replies), ns (since the replay started)
+ *   GIVEN_UP     expected, batches, ns as above; lost (batches skipped when the
+ *                buffer was applied), cleared, why (a static string: "timed out
+ *                without progress", "retries exhausted", "buffer limit reached",
+ *                "request failed")
+ *   OVERRUN      expected (the start requested), seq (the first reply), lost, cleared
+ * The watermarks after the event are the stream's own (st->wm) when the note is made.
+ */
+struct kvi_stream_note {
+    enum kvi_stream_note_type type;
+    uint64_t expected;
+    uint64_t seq;
+    uint64_t lost;
+    uint64_t batches;
+    uint64_t ns;
+    uint32_t retry;
+    bool cleared;
+    bool in_replay;
+    const char *why;
+};
+
 /** Callbacks into the owner (the listener). */
 struct kvi_stream_ops {
     /** Decode and ingest one batch. @return 0, or -EBADMSG when it failed to decode. */
@@ -72,6 +114,12 @@ struct kvi_stream_ops {
     int (*request)(void *ctx, uint64_t from);
     /** Discard the DEALER and open a new one (stale replies must not be read). */
     void (*reset_dealer)(void *ctx);
+    /**
+     * Optional (NULL = none): an event worth a log line, called on the
+     * stream's thread from inside the kvi_stream_* call that made it, after
+     * the counters moved. @p n is valid during the call only.
+     */
+    void (*note)(void *ctx, const struct kvi_stream_note *n);
 };
 
 /** A buffered batch. */
@@ -96,6 +144,9 @@ struct kvi_stream {
     uint64_t req_from;
     uint64_t last_reply;    /* seq of the previous reply to the current request */
     uint64_t deadline_ns;
+    uint64_t started_ns;    /* when the replay started (its notes' ns) */
+    uint64_t first_from;    /* start seq of the replay's first request */
+    uint64_t rep_applied;   /* batches applied from replies during this replay */
     /* buffered batches, sorted by seq, unique: buf[head .. len) */
     struct kvi_stream_buf *buf;
     size_t head, len, cap;

@@ -840,17 +840,19 @@ static void test_workers_status_misc(void **state)
 {
     struct kvi_buf b;
     kvi_buf_init(&b);
+    /* liveness keys after the others: counts, null for "no message yet" and "not monitored" */
     struct kvi_listener_view l1[] = {
-        {0, "tcp://127.0.0.1:5557", KVI_LS_ACTIVE, NULL},
-        {1, "tcp://127.0.0.1:5558", KVI_LS_FAILED, "failed to connect ZMQ SUB socket to tcp://127.0.0.1:5558"},
+        {0, "tcp://127.0.0.1:5557", KVI_LS_ACTIVE, NULL, true, 42, true, 3, 1},
+        {1, "tcp://127.0.0.1:5558", KVI_LS_FAILED, "failed to connect ZMQ SUB socket to tcp://127.0.0.1:5558", true, 0,
+         false, 0, 0},
     };
     struct kvi_listener_view l2[] = {
-        {0, "tcp://h:1", KVI_LS_PAUSED, NULL},
-        {1, "tcp://h:2", KVI_LS_ACTIVE, NULL},
+        {0, "tcp://h:1", KVI_LS_PAUSED, NULL, true, 7, true, 0, -1},
+        {1, "tcp://h:2", KVI_LS_ACTIVE, NULL, false, 0, false, 0, 0},
     };
     struct kvi_listener_view l3[] = {
-        {0, "tcp://h:3", KVI_LS_PAUSED, NULL},
-        {2, "tcp://h:4", KVI_LS_PENDING, NULL},
+        {0, "tcp://h:3", KVI_LS_PAUSED, NULL, false, 0, false, 0, 0},
+        {2, "tcp://h:4", KVI_LS_PENDING, NULL, false, 0, false, 0, 0},
     };
     struct kvi_worker_view w[] = {
         {1, "llama-3-8b", "default", 16, NULL, l1, 2},
@@ -861,12 +863,15 @@ static void test_workers_status_misc(void **state)
     assert_out(&b, "[{\"instance_id\":1,\"model_name\":\"llama-3-8b\",\"tenant_id\":\"default\",\"block_size\":16,"
                    "\"source\":\"zmq\",\"status\":\"failed\","
                    "\"endpoints\":{\"0\":\"tcp://127.0.0.1:5557\",\"1\":\"tcp://127.0.0.1:5558\"},"
-                   "\"listeners\":{\"0\":{\"endpoint\":\"tcp://127.0.0.1:5557\",\"status\":\"active\"},"
+                   "\"listeners\":{\"0\":{\"endpoint\":\"tcp://127.0.0.1:5557\",\"status\":\"active\","
+                   "\"messages\":42,\"seconds_since_last_message\":3,\"connected\":true},"
                    "\"1\":{\"endpoint\":\"tcp://127.0.0.1:5558\",\"status\":\"failed\","
-                   "\"last_error\":\"failed to connect ZMQ SUB socket to tcp://127.0.0.1:5558\"}}},"
+                   "\"last_error\":\"failed to connect ZMQ SUB socket to tcp://127.0.0.1:5558\","
+                   "\"messages\":0,\"seconds_since_last_message\":null,\"connected\":false}}},"
                    "{\"instance_id\":18446744073709551615,\"model_name\":\"m\",\"tenant_id\":\"t\",\"block_size\":32,"
                    "\"source\":\"zmq\",\"status\":\"active\",\"endpoints\":{\"0\":\"tcp://h:1\",\"1\":\"tcp://h:2\"},"
-                   "\"listeners\":{\"0\":{\"endpoint\":\"tcp://h:1\",\"status\":\"paused\"},"
+                   "\"listeners\":{\"0\":{\"endpoint\":\"tcp://h:1\",\"status\":\"paused\","
+                   "\"messages\":7,\"seconds_since_last_message\":0,\"connected\":null},"
                    "\"1\":{\"endpoint\":\"tcp://h:2\",\"status\":\"active\"}}},"
                    "{\"instance_id\":3,\"model_name\":\"m\",\"tenant_id\":\"t\",\"block_size\":32,"
                    "\"source\":\"zmq\",\"status\":\"pending\",\"endpoints\":{\"0\":\"tcp://h:3\",\"2\":\"tcp://h:4\"},"

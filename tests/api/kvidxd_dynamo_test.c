@@ -4,13 +4,17 @@
  * status codes and texts of /register and /unregister, /workers shape,
  * filters and order, namespace lifetime, /peers, the test routes' gating,
  * the admin token, /metrics names, and JSON bodies for every framework
- * error (400/404/405/413/415/422).
+ * error (400/404/405/413/415/422); the listeners' liveness in /workers
+ * (connected, messages, seconds since the last one) against a real
+ * publisher, and the daemon's log lines for a gap.
  */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+
+#include <regex.h>
 
 #include "kvidxd_fixture.h"
 
@@ -58,13 +62,17 @@ static void test_register_unregister(void **state)
                "\"endpoint\":\"ipc:///tmp/kvidxd-test.sock\",\"additionalsalt\":\"s\"}",
                201, ok);
 
+    /* nothing listens on these ports: active, yet no message and not connected */
+#define NO_PUB "\"messages\":0,\"seconds_since_last_message\":null,\"connected\":false"
     const char *w1 = "{\"instance_id\":1,\"model_name\":\"m\",\"tenant_id\":\"default\",\"block_size\":16,"
                      "\"source\":\"zmq\",\"status\":\"active\",\"endpoints\":{\"0\":\"tcp://127.0.0.1:5999\","
                      "\"1\":\"tcp://127.0.0.1:5998\"},\"listeners\":{\"0\":{\"endpoint\":\"tcp://127.0.0.1:5999\","
-                     "\"status\":\"active\"},\"1\":{\"endpoint\":\"tcp://127.0.0.1:5998\",\"status\":\"active\"}}}";
+                     "\"status\":\"active\"," NO_PUB "},"
+                     "\"1\":{\"endpoint\":\"tcp://127.0.0.1:5998\",\"status\":\"active\"," NO_PUB "}}}";
     const char *w2 = "{\"instance_id\":2,\"model_name\":\"m\",\"tenant_id\":\"t2\",\"block_size\":8,"
                      "\"source\":\"zmq\",\"status\":\"active\",\"endpoints\":{\"0\":\"tcp://127.0.0.1:5997\"},"
-                     "\"listeners\":{\"0\":{\"endpoint\":\"tcp://127.0.0.1:5997\",\"status\":\"active\"}}}";
+                     "\"listeners\":{\"0\":{\"endpoint\":\"tcp://127.0.0.1:5997\",\"status\":\"active\"," NO_PUB "}}}";
+#undef NO_PUB
     char all[2048];
     snprintf(all, sizeof all, "[%s,%s,", w1, w2);
     struct kfx_resp r;
@@ -270,6 +278,119 @@ static void test_admin_token(void **state)
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 }
 
+/* ---- /workers liveness ------------------------------------------------------------------- */
+
+/* Whether the daemon's log has a line matching the extended regex @p re. */
+static bool log_has(const struct kfx_daemon *d, const char *re)
+{
+    FILE *f = fopen(d->logfile, "r");
+    if (f == NULL)
+        return false;
+    regex_t rx;
+    assert_int_equal(regcomp(&rx, re, REG_EXTENDED | REG_NOSUB | REG_NEWLINE), 0);
+    char line[4096];
+    bool hit = false;
+    while (!hit && fgets(line, sizeof line, f) != NULL)
+        hit = regexec(&rx, line, 0, NULL, 0) == 0;
+    regfree(&rx);
+    fclose(f);
+    return hit;
+}
+
+/* The "listeners" entry of rank 0 in /workers?model_name=live, or "" (caller frees). */
+static char *live_listener(const struct kfx_daemon *d)
+{
+    struct kfx_resp r;
+    assert_int_equal(kfx_get(d, "/workers?model_name=live", &r), 200);
+    const char *p = strstr(r.body, "\"listeners\":{\"0\":");
+    const char *e = p ? strchr(p, '}') : NULL;
+    char *out = p && e ? strndup(p, (size_t)(e - p + 1)) : strdup("");
+    kfx_resp_free(&r);
+    return out;
+}
+
+static bool live_matches(const struct kfx_daemon *d, const char *re)
+{
+    char *l = live_listener(d);
+    regex_t rx;
+    assert_int_equal(regcomp(&rx, re, REG_EXTENDED | REG_NOSUB), 0);
+    bool hit = regexec(&rx, l, 0, NULL, 0) == 0;
+    regfree(&rx);
+    free(l);
+    return hit;
+}
+
+/*
+ * "status":"active" says nothing about the engine; the liveness keys do. A
+ * listener on an endpoint nobody binds: 0 messages, none yet, not connected.
+ * A publisher binds there: connected, and the messages it sends are counted
+ * with the seconds since the last one. A gap it leaves is logged with the
+ * daemon's timestamp and level. It goes away: not connected, count kept.
+ */
+static void test_workers_liveness(void **state)
+{
+    (void)state;
+    struct kfx_daemon d;
+    kfx_start(&d, NULL, NULL);
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/kvidxd-live-%d.sock", (int)getpid());
+    unlink(ep + strlen("ipc://"));
+    char j[512];
+    snprintf(j, sizeof j, "{\"instance_id\":5,\"model_name\":\"live\",\"block_size\":%d,\"endpoint\":\"%s\"}",
+             KFX_BS, ep);
+    kfx_expect(&d, "/register", j, 201, "{\"status\":\"ok\"}");
+    char want[512];
+    snprintf(want, sizeof want,
+             "\"listeners\":{\"0\":{\"endpoint\":\"%s\",\"status\":\"active\",\"messages\":0,"
+             "\"seconds_since_last_message\":null,\"connected\":false}",
+             ep);
+    char *l = live_listener(&d);
+    if (strcmp(l, want) != 0)
+        fail_msg("/workers listener before any publisher: %s\nwant %s", l, want);
+    free(l);
+
+    /* a publisher without replay: every batch is handled as it arrives, in order */
+    struct kvidx_pub_config pc;
+    kvidx_pub_config_init(&pc);
+    pc.endpoint = ep;
+    struct kvidx_pub *p = kvidx_pub_create(&pc);
+    assert_non_null(p);
+    if (!KFX_WAIT(live_matches(&d, "\"connected\":true\\}$"), KFX_WAIT_MS))
+        fail_msg("never connected: %s", live_listener(&d));
+    /* slow joiner: publish until batches arrive */
+    uint32_t i = 0;
+    int64_t end = kfx_now_ms() + KFX_WAIT_MS;
+    while (!live_matches(&d, "\"messages\":[1-9]") && kfx_now_ms() < end) {
+        kfx_publish(p, 0, i, i + 1, NULL);
+        i++;
+        kfx_nap(20);
+    }
+    if (!live_matches(&d, "\"status\":\"active\",\"messages\":[1-9][0-9]*,\"seconds_since_last_message\":[0-9]+,"
+                          "\"connected\":true\\}$"))
+        fail_msg("/workers listener after publishing: %s", live_listener(&d));
+
+    /* two batches lost on the wire: the next one shows the gap (no replay endpoint) */
+    kvidx_pub_skip_live(p, 2);
+    kfx_publish(p, 0, i, i + 1, NULL);
+    kfx_publish(p, 0, i + 1, i + 2, NULL);
+    kfx_publish(p, 0, i + 2, i + 3, NULL);
+    const char *gap = "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z WARN  listener instance 5 "
+                      "rank 0: gap detected: expected seq [0-9]+, got seq [0-9]+; no replay endpoint: 2 batches lost$";
+    if (!KFX_WAIT(log_has(&d, gap), KFX_WAIT_MS)) {
+        kfx_dump_log(&d);
+        fail_msg("no gap line in the daemon's log");
+    }
+    assert_false(log_has(&d, "^kvidx (listener|ingest) ")); /* the old unstamped format */
+
+    kvidx_pub_destroy(p);
+    if (!KFX_WAIT(live_matches(&d, "\"messages\":[1-9][0-9]*,\"seconds_since_last_message\":[0-9]+,"
+                                   "\"connected\":false\\}$"),
+                  KFX_WAIT_MS))
+        fail_msg("still connected after the publisher went away: %s", live_listener(&d));
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+    unlink(ep + strlen("ipc://"));
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -279,6 +400,7 @@ int main(void)
         cmocka_unit_test_teardown(test_metrics, teardown),
         cmocka_unit_test_teardown(test_test_routes_and_peers, teardown),
         cmocka_unit_test_teardown(test_admin_token, teardown),
+        cmocka_unit_test_teardown(test_workers_liveness, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

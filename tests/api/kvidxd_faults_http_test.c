@@ -510,6 +510,23 @@ static void test_connection_cap(void **state)
 /* =========================================================================================== */
 
 /* Everything a client can see of kvidxd's state. */
+/* Drop a listener's liveness keys from a /workers body, in place (messages
+ * and seconds since the last one move with time and heartbeats, not with the
+ * state a fault could change). */
+static void strip_liveness(char *body)
+{
+    char *at;
+    while ((at = strstr(body, ",\"messages\":")) != NULL) {
+        char *c = strstr(at, "\"connected\":");
+        if (c == NULL)
+            break;
+        c += strlen("\"connected\":");
+        while (*c != '\0' && *c != '}' && *c != ',')
+            c++;
+        memmove(at, c, strlen(c) + 1);
+    }
+}
+
 static char *snapshot(const struct kfx_daemon *d)
 {
     static const char *const paths[] = {"/dump", "/workers", "/services", "/global_view", "/peers"};
@@ -519,6 +536,9 @@ static char *snapshot(const struct kfx_daemon *d)
         struct kfx_resp r;
         if (kfx_get(d, paths[i], &r) != 200)
             fail_msg("GET %s: %ld", paths[i], r.status);
+        if (strcmp(paths[i], "/workers") == 0)
+            strip_liveness(r.body);
+        r.len = strlen(r.body);
         out = realloc(out, len + r.len + strlen(paths[i]) + 3);
         len += (size_t)sprintf(out + len, "%s\n%s\n", paths[i], r.body);
         kfx_resp_free(&r);

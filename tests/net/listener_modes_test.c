@@ -4,8 +4,9 @@
  * batches, engine-connects mode (kvidx binds, the topic identifies the
  * engine), pause / resume, unregister then register again, registration
  * errors and failed listeners, and a gated pool (pending until the gate
- * opens). Real publishers over loopback TCP and ipc, real writers and index
- * (listener_fixture.h); waits are bounded polls.
+ * opens), and liveness (connected / messages / last message, from the
+ * sockets' connection monitors). Real publishers over loopback TCP and ipc,
+ * real writers and index (listener_fixture.h); waits are bounded polls.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -407,6 +408,161 @@ static void test_seeded_watermarks(void **state)
     lfx_fini(&f);
 }
 
+/* ---- liveness ------------------------------------------------------------------ */
+
+static bool conn(struct lfx *f, uint64_t id)
+{
+    return lfx_info(f, id).connected;
+}
+
+/*
+ * Connect mode: a listener whose endpoint nobody binds is active but not
+ * connected and has no message; once a publisher binds there it connects
+ * (ZMQ retries by itself) and counts what it receives; when the publisher
+ * goes, connected goes false again while the count stays.
+ */
+static void test_liveness_connect_mode(void **state)
+{
+    (void)state;
+    struct lfx f;
+    lfx_init(&f, NULL);
+    char ep[128];
+    lfx_ipc(&f, ep, sizeof ep);
+    struct kvi_listener_spec s = {.ix = f.ix, .instance_id = 1, .endpoint = ep};
+    assert_int_equal(kvi_listeners_register(f.lp, &s), 0);
+    struct kvi_listener_info in = lfx_info(&f, 1);
+    assert_int_equal(in.state, KVI_LISTENER_ACTIVE); /* what /workers said, and all it said */
+    assert_true(in.monitored);
+    assert_false(in.connected); /* nothing is bound at ep: no connection can exist */
+    assert_int_equal(in.peers, 0);
+    assert_int_equal(in.ctr.messages, 0);
+    assert_false(in.last_message_set);
+
+    struct kvidx_pub *p = lfx_pub(ep, false, NULL);
+    if (!WAIT_FOR(conn(&f, 1), WAIT_MS))
+        fail_msg("listener never reported the publisher's connection");
+    assert_int_equal(lfx_info(&f, 1).peers, 1);
+    lfx_sync(&f, p, 1); /* probes are malformed: not counted as messages */
+    assert_int_equal(lfx_info(&f, 1).ctr.messages, 0);
+    uint64_t last = pub_chain(p, 0, 0, 3);
+    lfx_settle(&f, 1, last);
+    in = lfx_info(&f, 1);
+    assert_int_equal(in.ctr.messages, 3);
+    assert_true(in.last_message_set);
+    assert_true(in.last_message_age_ns < (uint64_t)WAIT_MS * 4 * 1000000u); /* a snapshot of a recent arrival */
+
+    kvidx_pub_destroy(p);
+    if (!WAIT_FOR(!conn(&f, 1), WAIT_MS))
+        fail_msg("listener still connected after the publisher went away");
+    in = lfx_info(&f, 1);
+    assert_int_equal(in.ctr.messages, 3);
+    assert_true(in.last_message_set);
+
+    /* pause closes the socket: not connected; resume monitors the new one */
+    p = lfx_pub(ep, false, NULL);
+    assert_true(WAIT_FOR(conn(&f, 1), WAIT_MS));
+    struct kvi_listener_key k = lfx_key(&f, 1, 0);
+    assert_int_equal(kvi_listeners_pause(f.lp, &k), 0);
+    in = lfx_info(&f, 1);
+    assert_false(in.connected);
+    assert_true(in.monitored);
+    assert_int_equal(kvi_listeners_resume(f.lp, &k), 0);
+    assert_true(WAIT_FOR(conn(&f, 1), WAIT_MS));
+    kvidx_pub_destroy(p);
+    lfx_fini(&f);
+    unlink(ep + strlen("ipc://"));
+}
+
+/* The same over TCP, a gated pool (pending listeners report their connection too), and the monitor budget. */
+static void test_liveness_tcp_gated_and_budget(void **state)
+{
+    (void)state;
+    struct kvi_listeners_config cfg = {.gated = true, .monitors = 2};
+    struct lfx f;
+    lfx_init(&f, &cfg);
+    struct kvidx_pub *p1 = lfx_pub(NULL, false, NULL), *p2 = lfx_pub(NULL, false, NULL),
+                     *p3 = lfx_pub(NULL, false, NULL);
+    lfx_register(&f, 1, p1, false, KVI_GAP_APPLY);
+    lfx_register(&f, 2, p2, false, KVI_GAP_APPLY);
+    lfx_register(&f, 3, p3, false, KVI_GAP_APPLY); /* past the budget of 2 */
+    assert_int_equal(lfx_info(&f, 1).state, KVI_LISTENER_PENDING);
+    if (!WAIT_FOR(conn(&f, 1) && conn(&f, 2), WAIT_MS))
+        fail_msg("pending listeners never reported their connections");
+    struct kvi_listener_info in = lfx_info(&f, 3);
+    assert_false(in.monitored);
+    assert_false(in.connected);
+    /* the budget frees with the socket: a new registration gets the monitor */
+    struct kvi_listener_key k1 = lfx_key(&f, 1, 0);
+    assert_int_equal(kvi_listeners_unregister(f.lp, &k1), 0);
+    struct kvidx_pub *p4 = lfx_pub(NULL, false, NULL);
+    lfx_register(&f, 4, p4, false, KVI_GAP_APPLY);
+    assert_true(lfx_info(&f, 4).monitored);
+    assert_true(WAIT_FOR(conn(&f, 4), WAIT_MS));
+    kvi_listeners_open_gate(f.lp);
+    lfx_sync(&f, p4, 4);
+    uint64_t last = pub_chain(p4, 0, 0, 2);
+    lfx_settle(&f, 4, last);
+    assert_int_equal(lfx_info(&f, 4).ctr.messages, 2);
+    assert_true(conn(&f, 4));
+    kvidx_pub_destroy(p1);
+    kvidx_pub_destroy(p2);
+    kvidx_pub_destroy(p3);
+    kvidx_pub_destroy(p4);
+    lfx_fini(&f);
+
+    struct kvi_listeners_config none = {.monitors = -1};
+    lfx_init(&f, &none);
+    p1 = lfx_pub(NULL, false, NULL);
+    lfx_register(&f, 1, p1, false, KVI_GAP_APPLY);
+    lfx_sync(&f, p1, 1); /* it is connected, yet nothing says so: unknown */
+    in = lfx_info(&f, 1);
+    assert_false(in.monitored);
+    assert_false(in.connected);
+    kvidx_pub_destroy(p1);
+    lfx_fini(&f);
+}
+
+/*
+ * Bind mode: kvidx binds, engines connect. Every registration of the shared
+ * endpoint is connected while at least one engine is; each counts only the
+ * messages of its own topic.
+ */
+static void test_liveness_bind_mode(void **state)
+{
+    (void)state;
+    struct lfx f;
+    lfx_init(&f, NULL);
+    char ep[128];
+    lfx_ipc(&f, ep, sizeof ep);
+    register_bind(&f, 1, ep, "kv@pod-1@", NULL);
+    register_bind(&f, 2, ep, "kv@pod-2@", NULL);
+    struct kvi_listener_info in = lfx_info(&f, 1);
+    assert_true(in.monitored);
+    assert_false(in.connected); /* nobody connected to the endpoint yet */
+    assert_int_equal(in.ctr.messages, 0);
+
+    struct kvidx_pub *a = connecting_pub(ep, "kv@pod-1@m", false);
+    if (!WAIT_FOR(conn(&f, 1) && conn(&f, 2), WAIT_MS))
+        fail_msg("bind endpoint never reported the engine's connection");
+    struct kvidx_pub *b = connecting_pub(ep, "kv@pod-2@m", false);
+    assert_true(WAIT_FOR(lfx_info(&f, 1).peers == 2, WAIT_MS));
+    lfx_sync_topic(&f, a, 1, "kv@pod-1@m");
+    uint64_t last = pub_chain(a, 0, 0, 3);
+    lfx_settle(&f, 1, last);
+    assert_int_equal(lfx_info(&f, 1).ctr.messages, 3);
+    assert_int_equal(lfx_info(&f, 2).ctr.messages, 0);
+    assert_false(lfx_info(&f, 2).last_message_set);
+
+    kvidx_pub_destroy(a);
+    assert_true(WAIT_FOR(lfx_info(&f, 1).peers == 1, WAIT_MS));
+    assert_true(conn(&f, 1)); /* b is still there */
+    kvidx_pub_destroy(b);
+    if (!WAIT_FOR(!conn(&f, 1) && !conn(&f, 2), WAIT_MS))
+        fail_msg("bind endpoint still connected after every engine left");
+    lfx_fini(&f);
+    unlink(ep + strlen("ipc://"));
+}
+
 int main(void)
 {
     kvi_rcu_register_thread();
@@ -418,6 +574,9 @@ int main(void)
         cmocka_unit_test(test_errors_and_gate),
         cmocka_unit_test(test_gate_drains_buffered),
         cmocka_unit_test(test_seeded_watermarks),
+        cmocka_unit_test(test_liveness_connect_mode),
+        cmocka_unit_test(test_liveness_tcp_gated_and_budget),
+        cmocka_unit_test(test_liveness_bind_mode),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     kvi_rcu_unregister_thread();

@@ -7,6 +7,8 @@
  * injection: skip_live (lost live batches), replay drop / delay / silence,
  * a small replay ring (buffer overrun), and destroy + create on the same
  * endpoints (engine restart). Waits are bounded polls (listener_fixture.h).
+ * The log lines of gaps and replays are captured with kvi_log_set_sink and
+ * checked whole: timestamp, level and text.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,8 +16,11 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <regex.h>
 #include <stdbool.h>
 
+#include "net/log.h"
 #include "tests/net/listener_fixture.h"
 
 /*
@@ -392,6 +397,161 @@ static void test_buffer_overflow_gives_up(void **state)
     lfx_fini(&f);
 }
 
+/* ---- log lines ------------------------------------------------------------------- */
+
+/* What kvi_log printed, line by line (the sink runs on listener threads). */
+struct capture {
+    pthread_mutex_t mu;
+    char *text;
+    size_t len, cap;
+};
+
+static void capture_sink(void *ctx, enum kvi_log_level level, const char *line, size_t len)
+{
+    (void)level;
+    struct capture *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    if (c->len + len + 1 > c->cap) {
+        c->cap = (c->len + len + 1) * 2;
+        c->text = realloc(c->text, c->cap);
+        assert_non_null(c->text);
+    }
+    memcpy(c->text + c->len, line, len);
+    c->len += len;
+    c->text[c->len] = '\0';
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Whether some captured line matches the extended regex @p re (anchored per line by the caller). */
+static bool captured(struct capture *c, const char *re)
+{
+    regex_t rx;
+    assert_int_equal(regcomp(&rx, re, REG_EXTENDED | REG_NEWLINE | REG_NOSUB), 0);
+    pthread_mutex_lock(&c->mu);
+    bool hit = c->text != NULL && regexec(&rx, c->text, 0, NULL, 0) == 0;
+    pthread_mutex_unlock(&c->mu);
+    regfree(&rx);
+    return hit;
+}
+
+static void expect_line(struct capture *c, const char *re)
+{
+    if (!WAIT_FOR(captured(c, re), WAIT_MS)) {
+        pthread_mutex_lock(&c->mu);
+        fail_msg("no log line matches\n  %s\ncaptured:\n%s", re, c->text ? c->text : "(nothing)");
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+/* The timestamp and level every kvidx line starts with (net/log.h). */
+#define TS "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "
+
+/* lfx_init with the pool's log lines on (the fixture's pools are quiet). */
+static void init_logging(struct lfx *f, const struct kvi_listeners_config *cfg, bool quiet)
+{
+    memset(f, 0, sizeof *f);
+    f->pool = kvi_writer_pool_create(NW, 0);
+    assert_non_null(f->pool);
+    struct kvi_index_config icfg = {.block_size = BS, .n_parts = NW};
+    f->ix = kvi_index_create(&icfg);
+    assert_non_null(f->ix);
+    struct kvi_listeners_config c = cfg ? *cfg : (struct kvi_listeners_config){0};
+    c.quiet = quiet;
+    c.threads = 2;
+    f->lp = kvi_listeners_create(f->pool, &c);
+    assert_non_null(f->lp);
+}
+
+/*
+ * A replay that works says so: the gap (warn, with the seq expected and the
+ * seq received), the request (info) and the result (info: batches replayed
+ * and the time taken). One that is given up says so at error; a gap without
+ * a replay endpoint at warn. Every line has the daemon's timestamp and level.
+ * A quiet pool prints nothing.
+ */
+static void test_replay_log_lines(void **state)
+{
+    (void)state;
+    struct capture c = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    enum kvi_log_level saved = kvi_log_level();
+    kvi_log_set_level(KVI_LOG_INFO);
+    kvi_log_set_sink(capture_sink, &c);
+
+    /* a replay that fills the gap */
+    struct lfx f;
+    init_logging(&f, NULL, false);
+    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
+    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
+    lfx_sync(&f, p, 1);
+    pub_chain(p, 0, 0, 5);  /* 0..4 */
+    kvidx_pub_skip_live(p, 3);
+    pub_chain(p, 0, 5, 8);  /* 5..7 lost live */
+    lfx_settle(&f, 1, pub_chain(p, 0, 8, 9));
+    expect_line(&c, TS "WARN  listener instance 1 rank 0: gap detected: expected seq 5, got seq 8 "
+                       "\\(3 batches missing\\)$");
+    char re[512];
+    snprintf(re, sizeof re, TS "INFO  listener instance 1 rank 0: replay requested from seq 5 \\(%s\\)$",
+             kvidx_pub_replay_endpoint(p));
+    expect_line(&c, re);
+    expect_line(&c, TS "INFO  listener instance 1 rank 0: replay from seq 5 done: 3 batches replayed in "
+                       "[0-9]+\\.[0-9] ms; watermark 8$");
+    assert_false(captured(&c, "ERROR")); /* nothing went wrong */
+    kvidx_pub_destroy(p);
+    lfx_fini(&f);
+
+    /* a silent replay endpoint: given up at error, with the loss */
+    struct kvi_listeners_config cfg = {.replay_timeout_ms = 300};
+    init_logging(&f, &cfg, false);
+    p = lfx_pub(NULL, true, NULL);
+    lfx_register(&f, 2, p, true, KVI_GAP_APPLY);
+    lfx_sync(&f, p, 2);
+    struct kvidx_pub_replay_faults silent = {.silent = true};
+    assert_int_equal(kvidx_pub_set_replay_faults(p, &silent), 0);
+    pub_chain(p, 0, 0, 3);  /* 0..2 */
+    kvidx_pub_skip_live(p, 2);
+    pub_chain(p, 0, 3, 5);  /* 3, 4 lost */
+    lfx_settle(&f, 2, pub_chain(p, 1, 0, 1));
+    snprintf(re, sizeof re,
+             TS "ERROR listener instance 2 rank 0: replay from seq 3 \\(%s\\) given up, timed out without "
+                "progress, after [0-9]+\\.[0-9] ms: 0 batches replayed, 2 lost; watermark 5$",
+             kvidx_pub_replay_endpoint(p));
+    expect_line(&c, re);
+    kvidx_pub_destroy(p);
+    lfx_fini(&f);
+
+    /* no replay endpoint: the gap and its loss at warn */
+    init_logging(&f, NULL, false);
+    p = lfx_pub(NULL, false, NULL);
+    lfx_register(&f, 3, p, false, KVI_GAP_APPLY);
+    lfx_sync(&f, p, 3);
+    pub_chain(p, 0, 0, 2);
+    kvidx_pub_skip_live(p, 4);
+    pub_chain(p, 0, 2, 6);
+    lfx_settle(&f, 3, pub_chain(p, 0, 6, 7));
+    expect_line(&c, TS "WARN  listener instance 3 rank 0: gap detected: expected seq 2, got seq 6; no replay "
+                       "endpoint: 4 batches lost$");
+    kvidx_pub_destroy(p);
+    lfx_fini(&f);
+
+    /* quiet: the same gap, not a line */
+    init_logging(&f, NULL, true);
+    p = lfx_pub(NULL, false, NULL);
+    lfx_register(&f, 4, p, false, KVI_GAP_APPLY);
+    lfx_sync(&f, p, 4);
+    pub_chain(p, 0, 0, 2);
+    kvidx_pub_skip_live(p, 4);
+    pub_chain(p, 0, 2, 6);
+    lfx_settle(&f, 4, pub_chain(p, 0, 6, 7));
+    assert_int_equal(lfx_info(&f, 4).ctr.gaps, 1);
+    assert_false(captured(&c, "listener instance 4 "));
+    kvidx_pub_destroy(p);
+    lfx_fini(&f);
+
+    kvi_log_set_sink(NULL, NULL);
+    kvi_log_set_level(saved);
+    free(c.text);
+}
+
 int main(void)
 {
     kvi_rcu_register_thread();
@@ -406,6 +566,7 @@ int main(void)
         cmocka_unit_test(test_engine_restart),
         cmocka_unit_test(test_restart_during_replay),
         cmocka_unit_test(test_buffer_overflow_gives_up),
+        cmocka_unit_test(test_replay_log_lines),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     kvi_rcu_unregister_thread();

@@ -35,6 +35,8 @@ struct rec {
     unsigned clears, resets;
     uint64_t bad_seq; /* apply fails for this seq (UINT64_MAX: none) */
     int request_rc;
+    struct kvi_stream_note notes[MAXREC]; /* what the stream reported for the log */
+    size_t n_notes;
 };
 
 static int rec_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
@@ -70,7 +72,14 @@ static void rec_reset(void *ctx)
     ((struct rec *)ctx)->resets++;
 }
 
-static const struct kvi_stream_ops ops = {rec_apply, rec_clear, rec_request, rec_reset};
+static void rec_note(void *ctx, const struct kvi_stream_note *n)
+{
+    struct rec *r = ctx;
+    assert_true(r->n_notes < MAXREC);
+    r->notes[r->n_notes++] = *n;
+}
+
+static const struct kvi_stream_ops ops = {rec_apply, rec_clear, rec_request, rec_reset, rec_note};
 
 struct fx {
     struct kvi_stream st;
@@ -375,6 +384,80 @@ static void test_no_replay(void **state)
 }
 
 /* Replies arriving far out of order (a second pass interleaving with buffered ones). */
+/* The notes a stream gives its owner's log: one per event, with the figures the log line needs. */
+static void assert_note(const struct kvi_stream_note *n, enum kvi_stream_note_type type, uint64_t expected,
+                        uint64_t seq)
+{
+    assert_int_equal(n->type, type);
+    assert_int_equal(n->expected, expected);
+    assert_int_equal(n->seq, seq);
+}
+
+static void test_notes(void **state)
+{
+    (void)state;
+    struct fx f;
+    /* gap -> request -> replies -> sentinel: GAP, REQUEST, REPLAY_DONE with the batches and the time */
+    fx_init(&f, true, KVI_GAP_APPLY, 0);
+    live(&f, 0);
+    assert_int_equal(f.r.n_notes, 0); /* nothing to say about a contiguous stream */
+    live(&f, 4);
+    assert_int_equal(f.r.n_notes, 2);
+    assert_note(&f.r.notes[0], KVI_NOTE_GAP, 1, 4);
+    assert_note(&f.r.notes[1], KVI_NOTE_REQUEST, 1, 0);
+    assert_int_equal(f.r.notes[1].retry, 0);
+    f.now += 3000000; /* 3 ms */
+    reply(&f, 1);
+    reply(&f, 3); /* 2 missing: a retry */
+    kvi_stream_sentinel(&f.st, f.now);
+    assert_int_equal(f.r.n_notes, 3);
+    assert_note(&f.r.notes[2], KVI_NOTE_REQUEST, 2, 0);
+    assert_int_equal(f.r.notes[2].retry, 1);
+    f.now += 2000000;
+    reply(&f, 2);
+    reply(&f, 3);
+    kvi_stream_sentinel(&f.st, f.now);
+    assert_int_equal(f.r.n_notes, 4);
+    assert_note(&f.r.notes[3], KVI_NOTE_REPLAY_DONE, 1, 0);
+    assert_int_equal(f.r.notes[3].batches, 3); /* 1, 2, 3; 4 was live */
+    assert_int_equal(f.r.notes[3].ns, 5000000);
+    /* a silent engine: GIVEN_UP after the timeout, with the loss */
+    live(&f, 8);
+    assert_note(&f.r.notes[4], KVI_NOTE_GAP, 5, 8);
+    f.now += 6 * SEC;
+    assert_true(kvi_stream_tick(&f.st, f.now));
+    assert_int_equal(f.r.n_notes, 7);
+    assert_int_equal(f.r.notes[6].type, KVI_NOTE_GIVEN_UP);
+    assert_int_equal(f.r.notes[6].expected, 5);
+    assert_int_equal(f.r.notes[6].lost, 3);
+    assert_int_equal(f.r.notes[6].batches, 0);
+    assert_int_equal(f.r.notes[6].ns, 6 * SEC);
+    assert_string_equal(f.r.notes[6].why, "timed out without progress");
+    /* a restart: the last live seq and the new one */
+    live(&f, 2);
+    assert_note(&f.r.notes[7], KVI_NOTE_RESTART, 8, 2);
+    assert_false(f.r.notes[7].in_replay);
+    kvi_stream_fini(&f.st);
+
+    /* an overrun, then no replay at all: OVERRUN and LOSS with the batches lost */
+    fx_init(&f, true, KVI_GAP_CLEAR, 0);
+    live(&f, 0);
+    live(&f, 5);
+    reply(&f, 3); /* the engine's buffer starts at 3 */
+    assert_note(&f.r.notes[2], KVI_NOTE_OVERRUN, 1, 3);
+    assert_int_equal(f.r.notes[2].lost, 2);
+    assert_true(f.r.notes[2].cleared);
+    kvi_stream_fini(&f.st);
+    fx_init(&f, false, KVI_GAP_CLEAR, 0);
+    live(&f, 0);
+    live(&f, 3);
+    assert_int_equal(f.r.n_notes, 1);
+    assert_note(&f.r.notes[0], KVI_NOTE_LOSS, 1, 3);
+    assert_int_equal(f.r.notes[0].lost, 2);
+    assert_true(f.r.notes[0].cleared);
+    kvi_stream_fini(&f.st);
+}
+
 static void test_out_of_order_inserts(void **state)
 {
     (void)state;
@@ -409,6 +492,7 @@ int main(void)
         cmocka_unit_test(test_overflow_and_request_failure),
         cmocka_unit_test(test_no_replay),
         cmocka_unit_test(test_out_of_order_inserts),
+        cmocka_unit_test(test_notes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
