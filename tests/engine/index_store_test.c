@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,9 @@
  *     fresh names, reused names, removals, clears, reclaims), seq tables
  *     turned on halfway for some seeds;
  *   - readers querying by content while a writer stores long fresh runs and
- *     removes them (TSan: every entry is whole when a reader reaches it).
+ *     removes them (TSan: every entry is whole when a reader reaches it); the
+ *     writer waits until every reader has queried each state it leaves, so
+ *     the readers' part does not depend on the scheduler.
  */
 
 #define MAX_RUN 1500u
@@ -549,29 +552,46 @@ static void test_randomized(void **state)
 
 #define C_LEN 600u
 #define C_DOCS 6u
+#define C_READERS 2u
+
+struct c_reader {
+    pthread_t t;
+    struct c_shared *c;
+    _Atomic uint64_t queries; /* completed; the writer waits on it */
+    _Atomic uint64_t overlapped; /* of them, ran while a write was in flight */
+};
 
 struct c_shared {
     struct kvi_index *ix;
     uint64_t docs[C_DOCS][C_LEN];
     _Atomic bool stop;
-    _Atomic uint64_t bad, queries;
+    _Atomic uint64_t bad;
+    _Atomic uint64_t wgen; /* odd while the writer is inside a mutation */
+    _Atomic bool waiting;  /* the writer waits for the readers (c_wait_readers) */
+    struct c_reader r[C_READERS];
 };
 
 /* Readers: instance 0 holds document 0 whole the whole time (exact depth and
  * tree size); every other match is a gpu slot of a known instance with
- * 1 <= depth <= the query's length. */
+ * 1 <= depth <= the query's length. A violation is counted, never asserted
+ * here (cmocka asserts belong to the main thread), and the reader goes on:
+ * the writer waits for its progress. */
 static void *c_reader(void *arg)
 {
-    struct c_shared *c = arg;
+    struct c_reader *r = arg;
+    struct c_shared *c = r->c;
     kvi_rcu_register_thread();
     struct kvi_match m[16];
     uint64_t k = 0;
     while (!atomic_load(&c->stop)) {
         uint32_t d = (uint32_t)(k % C_DOCS), n = (uint32_t)(1 + (k * 7919) % C_LEN);
         k++;
+        uint64_t g0 = atomic_load(&c->wgen);
         kvi_rcu_read_lock();
         size_t got = kvi_index_find_matches(c->ix, c->docs[d], n, m, 16);
         kvi_rcu_read_unlock();
+        if ((g0 & 1) || atomic_load(&c->wgen) != g0)
+            atomic_fetch_add(&r->overlapped, 1);
         bool saw0 = false;
         for (size_t i = 0; i < got && i < 16; i++) {
             if (m[i].instance >= 4 || m[i].depth < 1 || m[i].depth > n)
@@ -584,10 +604,42 @@ static void *c_reader(void *arg)
         }
         if (d == 0 && !saw0)
             atomic_fetch_add(&c->bad, 1);
-        atomic_fetch_add(&c->queries, 1);
+        atomic_fetch_add(&r->queries, 1);
+        /* hand the cpu back to a waiting writer: with more threads than cpus
+         * it would otherwise wait a whole time slice for each state */
+        if (atomic_load_explicit(&c->waiting, memory_order_relaxed))
+            sched_yield();
     }
     kvi_rcu_unregister_thread();
     return NULL;
+}
+
+/* The writer's side of the protocol: return once every reader has run a whole
+ * query on the index as the writer left it (two completions after the call:
+ * the second one started after it). Readers never block, so this only waits
+ * for the scheduler, however busy the machine. */
+static void c_wait_readers(struct c_shared *c)
+{
+    uint64_t want[C_READERS];
+    for (uint32_t t = 0; t < C_READERS; t++)
+        want[t] = atomic_load(&c->r[t].queries) + 2;
+    atomic_store(&c->waiting, true);
+    for (uint32_t t = 0; t < C_READERS; t++)
+        while (atomic_load(&c->r[t].queries) < want[t])
+            sched_yield();
+    atomic_store(&c->waiting, false);
+}
+
+static void c_write_begin(struct c_shared *c)
+{
+    atomic_fetch_add(&c->wgen, 1);
+}
+
+/* the end of a mutation, and every reader queries the state it left */
+static void c_write_end(struct c_shared *c)
+{
+    atomic_fetch_add(&c->wgen, 1);
+    c_wait_readers(c);
 }
 
 static void test_concurrent_readers(void **state)
@@ -606,32 +658,56 @@ static void test_concurrent_readers(void **state)
     for (uint32_t i = 0; i < C_LEN; i++)
         b[i] = (struct kvi_block){0x1000 + i, c.docs[0][i]};
     assert_int_equal(kvi_index_store(c.ix, 0, 0, KVI_TIER_GPU, false, 0, b, C_LEN), 0);
-    pthread_t th[2];
-    for (int t = 0; t < 2; t++)
-        assert_int_equal(pthread_create(&th[t], NULL, c_reader, &c), 0);
+    for (uint32_t t = 0; t < C_READERS; t++) {
+        c.r[t].c = &c;
+        assert_int_equal(pthread_create(&c.r[t].t, NULL, c_reader, &c.r[t]), 0);
+    }
+    /* readers are running before the first write */
+    c_wait_readers(&c);
     /* the writer: fresh runs of documents 1.. on instances 1..3 (below the
      * heads they share with document 0), each removed tail first before the
-     * instance stores its next one, reclaimed (recycled entries) */
+     * instance stores its next one, reclaimed (recycled entries); every
+     * reader queries each state in between (c_write_end) */
+    uint32_t states = 0;
     for (uint32_t round = 0; round < 60; round++) {
         uint32_t inst = 1 + round % 3, d = 1 + round % (C_DOCS - 1);
         if (round >= 3) {
             uint64_t old = ((uint64_t)(round - 3) << 20) | 0x100000;
             for (uint32_t i = 0; i < C_LEN; i++)
                 e[i] = old + C_LEN - 1 - i;
-            assert_int_equal(kvi_index_remove(c.ix, inst, 0, KVI_TIER_GPU, e, C_LEN), C_LEN);
+            c_write_begin(&c);
+            size_t rc = kvi_index_remove(c.ix, inst, 0, KVI_TIER_GPU, e, C_LEN);
+            c_write_end(&c);
+            states++;
+            assert_int_equal(rc, C_LEN);
         }
         uint64_t base = ((uint64_t)round << 20) | 0x100000;
         for (uint32_t i = 0; i < C_LEN; i++)
             b[i] = (struct kvi_block){base + i, c.docs[d][i]};
-        assert_int_equal(kvi_index_store(c.ix, inst, 0, KVI_TIER_GPU, false, 0, b, C_LEN), 0);
-        if (round % 4 == 3)
+        c_write_begin(&c);
+        int rc = kvi_index_store(c.ix, inst, 0, KVI_TIER_GPU, false, 0, b, C_LEN);
+        c_write_end(&c);
+        states++;
+        assert_int_equal(rc, 0);
+        if (round % 4 == 3) {
+            c_write_begin(&c);
             kvi_index_reclaim(c.ix, 0);
+            c_write_end(&c);
+            states++;
+        }
     }
     atomic_store(&c.stop, true);
-    for (int t = 0; t < 2; t++)
-        pthread_join(th[t], NULL);
+    uint64_t queries = 0, overlapped = 0;
+    for (uint32_t t = 0; t < C_READERS; t++) {
+        pthread_join(c.r[t].t, NULL);
+        uint64_t q = atomic_load(&c.r[t].queries);
+        /* the protocol: two completions per state and before the first write */
+        assert_true(q >= 2 * (uint64_t)(states + 1));
+        queries += q;
+        overlapped += atomic_load(&c.r[t].overlapped);
+    }
+    print_message("%u states, %" PRIu64 " queries, %" PRIu64 " during a write\n", states, queries, overlapped);
     assert_int_equal(atomic_load(&c.bad), 0);
-    assert_true(atomic_load(&c.queries) > 0);
     kvi_index_destroy(c.ix);
 }
 

@@ -2,6 +2,7 @@
 /* ctest-labels: unit tsan */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -77,35 +78,74 @@ static void test_many(void **state)
     kvi_nsreg_destroy(r);
 }
 
+#define RACE_READERS 2
+
 struct race {
     struct kvi_nsreg *r;
     atomic_bool stop;
-    atomic_ulong found;
+    atomic_bool waiting;                 /* the writer waits for the readers */
+    atomic_ulong lookups[RACE_READERS];  /* lookups of "stable" completed, per reader */
+    atomic_ulong bad;                    /* lookups that missed it or saw it wrong */
 };
 
+struct race_reader {
+    struct race *x;
+    int id;
+};
+
+/* Looks up the namespace nobody changes, without pause. A miss is counted,
+ * not asserted (cmocka asserts belong to the main thread), and the reader
+ * goes on: the writer waits for its progress. */
 static void *reader(void *arg)
 {
-    struct race *x = arg;
+    const struct race_reader *rr = arg;
+    struct race *x = rr->x;
     kvi_rcu_register_thread();
     while (!atomic_load(&x->stop)) {
         kvi_rcu_read_lock();
         struct kvi_ns *ns = kvi_nsreg_find(x->r, "stable", "t");
-        if (ns != NULL && strcmp(ns->model, "stable") == 0 && kvi_index_block_size(ns->ix) == 16)
-            atomic_fetch_add(&x->found, 1);
+        if (ns == NULL || strcmp(ns->model, "stable") != 0 || kvi_index_block_size(ns->ix) != 16)
+            atomic_fetch_add(&x->bad, 1);
         kvi_rcu_read_unlock();
+        atomic_fetch_add(&x->lookups[rr->id], 1);
+        if (atomic_load_explicit(&x->waiting, memory_order_relaxed))
+            sched_yield(); /* hand the cpu back to the waiting writer */
     }
     kvi_rcu_unregister_thread();
     return NULL;
 }
 
+/* Return once every reader has run a whole lookup on the registry as it is
+ * now (the second completion from here started after this call). */
+static void wait_readers(struct race *x)
+{
+    unsigned long want[RACE_READERS];
+    for (int i = 0; i < RACE_READERS; i++)
+        want[i] = atomic_load(&x->lookups[i]) + 2;
+    atomic_store(&x->waiting, true);
+    for (int i = 0; i < RACE_READERS; i++)
+        while (atomic_load(&x->lookups[i]) < want[i])
+            sched_yield();
+    atomic_store(&x->waiting, false);
+}
+
 static void test_readers_race_changes(void **state)
 {
-    struct race x = {.r = kvi_nsreg_create(&TMPL)};
+    static struct race x; /* static: readers still run if an assert below fails */
+    memset(&x, 0, sizeof x);
+    x.r = kvi_nsreg_create(&TMPL);
     struct kvi_ns *stable, *ns;
     assert_int_equal(kvi_nsreg_add(x.r, "stable", "t", 16, &stable), 1);
-    pthread_t th[2];
-    for (int i = 0; i < 2; i++)
-        pthread_create(&th[i], NULL, reader, &x);
+    pthread_t th[RACE_READERS];
+    static struct race_reader rr[RACE_READERS]; /* static, as x: readers outlive a failed assert */
+    for (int i = 0; i < RACE_READERS; i++) {
+        rr[i] = (struct race_reader){&x, i};
+        assert_int_equal(pthread_create(&th[i], NULL, reader, &rr[i]), 0);
+    }
+    /* the readers run before the first change and between every two rounds
+     * of changes (their part of the race is the protocol's, not the
+     * scheduler's) */
+    wait_readers(&x);
     char m[32];
     for (int i = 0; i < 200; i++) {
         snprintf(m, sizeof(m), "churn-%d", i);
@@ -114,12 +154,14 @@ static void test_readers_race_changes(void **state)
             assert_int_equal(kvi_nsreg_unlink(x.r, ns), 0);
             kvi_ns_free(ns);
         }
+        wait_readers(&x);
     }
-    while (atomic_load(&x.found) < 1000)
-        ;
     atomic_store(&x.stop, true);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < RACE_READERS; i++) {
         pthread_join(th[i], NULL);
+        assert_true(atomic_load(&x.lookups[i]) >= 2 * (1 + 200)); /* the protocol */
+    }
+    assert_int_equal(atomic_load(&x.bad), 0);
     kvi_nsreg_destroy(x.r);
 }
 

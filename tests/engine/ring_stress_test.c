@@ -20,6 +20,11 @@
  * the threads and asserted by the main thread after pthread_join (cmocka
  * asserts must not run off the main thread). A failing consumer raises
  * `stop` so a producer blocked on a full ring exits too.
+ *
+ * Where a configuration expects the producer to find the ring full (or the
+ * consumer to find it empty), the other side starts only once that has
+ * happened: the slow side's delays make it likely again and again, the gate
+ * makes it certain at least once, however the threads are scheduled.
  */
 
 #ifdef KVI_TSAN
@@ -53,6 +58,8 @@ struct stress_run {
     struct kvi_ring *ring;
     uint32_t total;
     atomic_int stop;
+    atomic_int saw_full;  /* the producer found the ring full (the gate of expect_full) */
+    atomic_int saw_empty; /* the consumer found the ring empty (the gate of expect_empty) */
     /* producer results (read after join) */
     uint32_t sent;
     uint64_t full_events;
@@ -101,6 +108,8 @@ static void *producer_main(void *arg)
     uint64_t iter = 0;
     unsigned fails = 0;
 
+    while (cfg->expect_empty && !atomic_load(&run->saw_empty) && !atomic_load(&run->stop))
+        sched_yield();
     while (sent < run->total && !atomic_load_explicit(&run->stop, memory_order_relaxed)) {
         uint32_t want = cfg->prod_sizes[iter % cfg->n_prod_sizes];
         if (want > run->total - sent)
@@ -128,7 +137,8 @@ static void *producer_main(void *arg)
         }
         sent += got;
         if (got < want) {
-            run->full_events++;
+            if (run->full_events++ == 0)
+                atomic_store(&run->saw_full, 1);
             backoff(&fails);
         } else {
             fails = 0;
@@ -149,6 +159,8 @@ static void *consumer_main(void *arg)
     uint64_t iter = 0;
     unsigned fails = 0;
 
+    while (cfg->expect_full && !atomic_load(&run->saw_full))
+        sched_yield(); /* the producer fills the ring first: nothing drains it */
     while (received < run->total) {
         uint32_t want = cfg->cons_sizes[iter % cfg->n_cons_sizes];
         int bulk = cfg->cons_mode == CONS_MIXED && (iter & 1);
@@ -170,7 +182,8 @@ static void *consumer_main(void *arg)
         }
         received += got;
         if (got == 0) {
-            run->empty_events++;
+            if (run->empty_events++ == 0)
+                atomic_store(&run->saw_empty, 1);
             backoff(&fails);
         } else {
             fails = 0;
@@ -189,6 +202,8 @@ static void run_stress(void **state)
     const struct stress_cfg *cfg = *state;
     struct stress_run run = {.cfg = cfg, .total = STRESS_MESSAGES};
     atomic_init(&run.stop, 0);
+    atomic_init(&run.saw_full, 0);
+    atomic_init(&run.saw_empty, 0);
     run.ring = kvi_ring_create(cfg->capacity);
     assert_non_null(run.ring);
     assert_int_equal(kvi_ring_capacity(run.ring), cfg->capacity);
@@ -214,7 +229,8 @@ static void run_stress(void **state)
     assert_int_equal(kvi_ring_count(run.ring), 0);
     void *extra;
     assert_int_equal(kvi_ring_dequeue_burst(run.ring, &extra, 1), 0);
-    /* A slow side must really have made the other see a full / empty ring. */
+    /* A slow side must really have made the other see a full / empty ring
+     * (at least once by the gates above). */
     if (cfg->expect_full)
         assert_true(run.full_events > 0);
     if (cfg->expect_empty)

@@ -42,9 +42,14 @@ static uint64_t pinned[PIN];
 struct shared {
     struct kvi_slots *s;
     _Atomic bool stop;
-    _Atomic uint64_t reads;
+    _Atomic uint64_t reads[READERS]; /* completed, per reader: the writer waits on them */
     _Atomic int failures;
     char failure[256];
+};
+
+struct reader_arg {
+    struct shared *sh;
+    uint32_t id;
 };
 
 static void report(struct shared *sh, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -71,7 +76,8 @@ static uint64_t xorshift(uint64_t *x)
 
 static void *reader(void *arg)
 {
-    struct shared *sh = arg;
+    const struct reader_arg *ra = arg;
+    struct shared *sh = ra->sh;
     kvi_rcu_register_thread();
     uint64_t rng = 0x1234567ull + (uint64_t)(uintptr_t)&rng;
     struct kvi_slots_potential p[16];
@@ -120,10 +126,21 @@ static void *reader(void *arg)
             if (l[i].worker_id == 2 && (l[i].active_decode_blocks != PIN || l[i].active_requests != 1))
                 report(sh, "untouched rank's load %llu blocks %llu requests",
                        ULL(l[i].active_decode_blocks), ULL(l[i].active_requests));
-        atomic_fetch_add_explicit(&sh->reads, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sh->reads[ra->id], 1, memory_order_relaxed);
     }
     kvi_rcu_unregister_thread();
     return NULL;
+}
+
+/* Every reader has completed two reads since reads0 was taken (or one failed). */
+static bool readers_progressed(struct shared *sh, const uint64_t *reads0)
+{
+    if (atomic_load(&sh->failures) != 0)
+        return true;
+    for (int i = 0; i < READERS; i++)
+        if (atomic_load(&sh->reads[i]) < reads0[i] + 2)
+            return false;
+    return true;
 }
 
 struct live_req {
@@ -137,7 +154,9 @@ static void test_readers_during_writes(void **state)
     (void)state;
     for (int i = 0; i < PIN; i++)
         pinned[i] = 1000 + (uint64_t)i;
-    struct shared sh = {.s = kvi_slots_create(NULL)};
+    static struct shared sh; /* static, as ra: readers still run if an assert below fails */
+    memset(&sh, 0, sizeof sh);
+    sh.s = kvi_slots_create(NULL);
     assert_non_null(sh.s);
     struct kvi_slots *s = sh.s;
     assert_int_equal(kvi_slots_register(s, &KEY, 1, 16, 0, 4, NULL), 0);
@@ -148,8 +167,13 @@ static void test_readers_during_writes(void **state)
     assert_int_equal(kvi_slots_add(s, &pin, NULL), 0);
 
     pthread_t th[READERS];
-    for (int i = 0; i < READERS; i++)
-        assert_int_equal(pthread_create(&th[i], NULL, reader, &sh), 0);
+    static struct reader_arg ra[READERS];
+    uint64_t reads0[READERS];
+    for (int i = 0; i < READERS; i++) {
+        ra[i] = (struct reader_arg){&sh, (uint32_t)i};
+        reads0[i] = 0;
+        assert_int_equal(pthread_create(&th[i], NULL, reader, &ra[i]), 0);
+    }
 
     static struct live_req reqs[LIVE];
     memset(reqs, 0, sizeof(reqs));
@@ -157,7 +181,13 @@ static void test_readers_during_writes(void **state)
     uint64_t t0 = kvi_now_ns(), ops = 0;
     bool w3 = false;
     char id[32];
-    while (kvi_now_ns() - t0 < RUN_NS || ops < 2000) {
+    /* The writer goes on until every reader has completed a read it started
+     * after the first write (two completions counted from then), whatever
+     * the scheduler did: a reader makes progress or reports a failure. */
+    while (kvi_now_ns() - t0 < RUN_NS || ops < 2000 || !readers_progressed(&sh, reads0)) {
+        if (ops == 1)
+            for (int k = 0; k < READERS; k++)
+                reads0[k] = atomic_load(&sh.reads[k]);
         size_t i = xorshift(&rng) % LIVE;
         snprintf(id, sizeof(id), "r%zu", i);
         struct kvi_slots_request r = {KEY, id, strlen(id), 0, 0, NULL, 0, 0};
@@ -211,9 +241,13 @@ static void test_readers_during_writes(void **state)
         pthread_join(th[i], NULL);
     if (atomic_load(&sh.failures) != 0)
         fail_msg("%d reader failures, first: %s", atomic_load(&sh.failures), sh.failure);
-    printf("writer ops %llu, reader queries %llu\n", (unsigned long long)ops,
-           (unsigned long long)atomic_load(&sh.reads));
-    assert_true(atomic_load(&sh.reads) > 0);
+    uint64_t reads = 0;
+    for (int i = 0; i < READERS; i++) {
+        uint64_t n = atomic_load(&sh.reads[i]);
+        assert_true(n >= reads0[i] + 2); /* the protocol above */
+        reads += n;
+    }
+    printf("writer ops %llu, reader queries %llu\n", (unsigned long long)ops, (unsigned long long)reads);
 
     /* quiescent: drop everything but the pins and check exactly */
     for (size_t i = 0; i < LIVE; i++) {

@@ -46,7 +46,12 @@
  * outcome counters.
  *
  * Run time is bounded by a deadline per run (and an op cap, which bounds
- * the reference replay); under TSan both are smaller.
+ * the reference replay); under TSan both are smaller. What the assertions
+ * count on does not depend on the scheduler: each producer submits at least
+ * MIN_OPS ops (a fixed prefix of its stream, so every outcome kind occurs
+ * and both writers are fed) and goes on past the deadline until every
+ * reader has completed a query it started after that producer's first
+ * submit; at the end every reader queries the final state before it stops.
  */
 
 #define NWR 2    /* writers = partitions */
@@ -68,6 +73,7 @@
 #define RUN_MS_SMALL 1200u
 #define MAX_OPS 400000u
 #endif
+#define MIN_OPS 3000u /* per producer and run, whatever the deadline */
 
 /* ---- corpus ------------------------------------------------------------------ */
 
@@ -282,6 +288,7 @@ static void snap_emit(void *ctx, const struct kvi_dump_block *b)
 /* ---- producers --------------------------------------------------------------------- */
 
 struct run;
+struct reader;
 
 struct prod {
     pthread_t t;
@@ -300,6 +307,7 @@ struct run {
     atomic_int stop_readers;
     unsigned reader_pause_us; /* readers sleep this long every 16 queries (0: never) */
     struct prod prod[NPROD];
+    struct reader *rd;        /* NREAD readers */
 };
 
 struct call_check {
@@ -315,6 +323,18 @@ static void call_fn(void *arg, uint32_t writer)
     atomic_fetch_add(&cc->count, 1);
 }
 
+static uint64_t reader_queries(const struct run *run, uint32_t i);
+
+/* Every reader has completed two queries since q0 was taken: the second
+ * one started after it. */
+static bool readers_went_on(const struct run *run, const uint64_t *q0)
+{
+    for (uint32_t i = 0; i < NREAD; i++)
+        if (reader_queries(run, i) < q0[i] + 2)
+            return false;
+    return true;
+}
+
 static void *producer_main(void *arg)
 {
     struct prod *pr = arg;
@@ -327,8 +347,11 @@ static void *producer_main(void *arg)
     uint64_t rng = pr->seed;                   /* the op stream (replayed) */
     uint64_t srng = mix64(pr->seed ^ 0xabcd); /* burst sizes and extras (not replayed) */
     struct kvi_op *burst[MAX_BURST];
-    uint64_t iter = 0;
-    while (pr->n_ops < MAX_OPS && kvi_now_ns() < run->deadline_ns) {
+    uint64_t iter = 0, q0[NREAD]; /* the readers' counts after this producer's first submit */
+    for (uint32_t i = 0; i < NREAD; i++)
+        q0[i] = reader_queries(run, i);
+    while (pr->n_ops < MAX_OPS &&
+           (pr->n_ops < MIN_OPS || kvi_now_ns() < run->deadline_ns || !readers_went_on(run, q0))) {
         uint64_t s = rng_next(&srng);
         uint32_t n = (s & 3) == 0 ? 1 : 1 + (uint32_t)(s >> 8) % MAX_BURST;
         if (n > MAX_OPS - pr->n_ops)
@@ -340,7 +363,9 @@ static void *producer_main(void *arg)
         else
             kvi_producer_submit_burst(p, burst, n);
         pr->n_ops += n;
-        iter++;
+        if (iter++ == 0)
+            for (uint32_t i = 0; i < NREAD; i++)
+                q0[i] = reader_queries(run, i);
         uint32_t extra = (uint32_t)(s >> 32) % 1024;
         if (extra < 8) {
             kvi_producer_flush(p);
@@ -369,12 +394,17 @@ struct reader {
     pthread_t t;
     struct run *run;
     uint32_t id;
-    uint64_t queries;
+    _Atomic uint64_t queries; /* completed: producers and the main thread wait on it */
     uint64_t hits;
     uint64_t gone; /* matched slots forgotten meanwhile (remove_dp_rank) */
 };
 
 #define QCAP 64
+
+static uint64_t reader_queries(const struct run *run, uint32_t i)
+{
+    return atomic_load_explicit(&run->rd[i].queries, memory_order_relaxed);
+}
 
 static void check_matches(struct reader *rd, const struct kvi_index *ix, const struct kvi_match *m, size_t n,
                           uint32_t len)
@@ -445,8 +475,8 @@ static void *reader_main(void *arg)
             check_tiered(t, KVI_MIN(n, (size_t)QCAP), len);
         }
         kvi_rcu_read_unlock();
-        rd->queries++;
-        if (rd->run->reader_pause_us && rd->queries % 16 == 0)
+        uint64_t done = atomic_fetch_add_explicit(&rd->queries, 1, memory_order_relaxed) + 1;
+        if (rd->run->reader_pause_us && done % 16 == 0)
             usleep(rd->run->reader_pause_us); /* leave the cpus to producers and writers */
     }
     kvi_rcu_unregister_thread();
@@ -557,6 +587,7 @@ static void run_stress(uint32_t ring_cap, uint32_t run_ms, unsigned reader_pause
     run.ix = index_new();
     run.deadline_ns = kvi_now_ns() + (uint64_t)run_ms * 1000000u;
     struct reader rd[NREAD] = {0};
+    run.rd = rd;
     for (uint32_t i = 0; i < NREAD; i++) {
         rd[i].run = &run;
         rd[i].id = i;
@@ -573,14 +604,19 @@ static void run_stress(uint32_t ring_cap, uint32_t run_ms, unsigned reader_pause
         calls += run.prod[k].calls;
         dumps += run.prod[k].dumps;
     }
-    /* writers idle now: readers keep running a little on the final state */
-    usleep(20000);
+    /* the producers flushed when they were destroyed: every reader queries
+     * the final state before it stops (readers never block, so this waits
+     * for the scheduler only) */
+    uint64_t q0[NREAD];
+    for (uint32_t i = 0; i < NREAD; i++)
+        q0[i] = reader_queries(&run, i);
+    while (!readers_went_on(&run, q0))
+        sched_yield();
     atomic_store_explicit(&run.stop_readers, 1, memory_order_release);
     uint64_t queries = 0, gone = 0;
     for (uint32_t i = 0; i < NREAD; i++) {
         assert_int_equal(pthread_join(rd[i].t, NULL), 0);
-        assert_true(rd[i].queries > 0);
-        queries += rd[i].queries;
+        queries += atomic_load(&rd[i].queries);
         gone += rd[i].gone;
     }
     assert_no_failure();

@@ -1373,7 +1373,8 @@ static void test_queued_while_writer_busy(void **state)
 
 /* Idle writers go to sleep and a plain submit (no flush) wakes them
  * promptly: a lost wake-up would show as a ~100 ms delay (the futex
- * timeout) on every trial. */
+ * timeout) on every trial. Each trial waits until its writer has gone to
+ * sleep since its last op, so every submit is one that must wake it. */
 static void test_sleep_and_wake(void **state)
 {
     struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
@@ -1384,10 +1385,20 @@ static void test_sleep_and_wake(void **state)
     enum { TRIALS = 20 };
     int slow = 0;
     struct kvi_writer_stats st;
+    uint64_t slept[NW] = {0}; /* a writer's sleeps when its last op was submitted */
     for (uint32_t trial = 0; trial < TRIALS; trial++) {
         uint32_t w = trial % NW;
-        usleep(20000); /* let the writers go idle and sleep */
-        kvi_writer_stats(pool, w, &st);
+        /* 20 ms: past the idle reclaim a writer does first (1 ms at most),
+         * so its sleep is the long one, where a lost wake-up costs the
+         * timeout; the loop, not this nap, makes sure it went to sleep */
+        usleep(20000);
+        for (uint64_t t = kvi_now_ns(); kvi_now_ns() - t < 10000000000ull; sched_yield()) {
+            kvi_writer_stats(pool, w, &st);
+            if (st.sleeps > slept[w])
+                break;
+        }
+        assert_true(st.sleeps > slept[w]); /* it went to sleep (10 s: a hung writer fails, not hangs) */
+        slept[w] = st.sleeps;
         uint64_t before = st.ops;
         uint64_t t0 = kvi_now_ns();
         kvi_producer_submit(p, op_store(ix, w, 0, KVI_TIER_GPU, 0, trial / NW, 1, false));
@@ -1403,7 +1414,7 @@ static void test_sleep_and_wake(void **state)
     kvi_producer_flush(p);
     struct kvi_writer_stats sum;
     stats_sum(pool, &sum);
-    assert_true(sum.sleeps > 0);
+    assert_true(sum.sleeps >= TRIALS); /* the protocol above */
     if (slow > 0)
         fprintf(stderr, "%d of %d wake-ups took more than 50 ms\n", slow, TRIALS);
     assert_true(slow <= TRIALS / 4);
@@ -1536,13 +1547,16 @@ static void test_idle_reclaim_rate_limited(void **state)
     struct kvi_writer_stats st;
     kvi_writer_stats(pool, 0, &st);
     uint64_t r0 = st.idle_reclaims, t0 = kvi_now_ns(), rounds = 0;
-    /* each round leaves freed entries waiting, then lets the writer go idle */
-    while (kvi_now_ns() - t0 < 200000000ull) {
+    /* each round leaves freed entries waiting, then lets the writer go idle;
+     * for 200 ms, and until the writer has done one idle reclaim (however
+     * little cpu it got meanwhile) */
+    while (kvi_now_ns() - t0 < 200000000ull || st.idle_reclaims == r0) {
         kvi_producer_submit(p, op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, CHAIN_LEN, false));
         kvi_producer_submit(p, op_remove1(ix, 0, 0, 0, 0));
         kvi_producer_flush(p);
         usleep(50);
         rounds++;
+        kvi_writer_stats(pool, 0, &st);
     }
     kvi_writer_stats(pool, 0, &st);
     uint64_t ms = (kvi_now_ns() - t0) / 1000000u + 1, n = st.idle_reclaims - r0;
@@ -1601,8 +1615,9 @@ static void *stall_producer_main(void *arg)
 }
 
 /* A producer facing a full ring sleeps until the writer has made room,
- * instead of spinning: while the writer is held for 300 ms it uses a small
- * part of that time in CPU, and every op is applied once the writer runs. */
+ * instead of spinning: while the writer is held for 300 ms after the
+ * producer found its ring full, it uses a small part of that time in CPU,
+ * and every op is applied once the writer runs. */
 static void test_full_ring_producer_sleeps(void **state)
 {
     enum { HOLD_MS = 300, OPS = 200 };
@@ -1616,10 +1631,16 @@ static void test_full_ring_producer_sleeps(void **state)
         usleep(100);
     struct stall_producer sp = {.pool = pool, .ix = ix, .n = OPS};
     assert_int_equal(pthread_create(&tp, NULL, stall_producer_main, &sp), 0);
-    usleep(HOLD_MS * 1000);
+    /* the producer fills the ring (16 of OPS ops: the writer is held) */
     struct kvi_writer_stats st;
-    kvi_writer_stats(pool, 0, &st);
+    for (uint64_t t = kvi_now_ns(); kvi_now_ns() - t < 10000000000ull; sched_yield()) {
+        kvi_writer_stats(pool, 0, &st);
+        if (st.stalls >= 1)
+            break;
+    }
     assert_true(st.stalls >= 1);
+    usleep(HOLD_MS * 1000); /* the measured time: the producer must sleep through it */
+    kvi_writer_stats(pool, 0, &st);
     assert_true(st.queued < OPS); /* the producer is stuck on the full ring */
     atomic_store(&b.release, 1);
     assert_int_equal(pthread_join(tp, NULL), 0);
