@@ -269,7 +269,8 @@ struct kvi_index {
     uint32_t *free_slot_ids;
     uint32_t n_free_slot_ids, cap_free_slot_ids;
 
-    struct kvi_part *parts;
+    struct kvi_part *parts;   /* n_parts, mapped anonymously (kvi_index_create) */
+    size_t parts_bytes;       /* the mapping's length */
 };
 
 static inline struct kvi_entry *kvi__entry(const struct kvi_part *p, uint32_t idx)
