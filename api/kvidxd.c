@@ -76,6 +76,7 @@ struct opts {
     long http_threads;
     long listener_threads;
     long replay_timeout_ms;
+    long max_dp_ranks;
     long block_size;
     const char *workers;
     const char *model_name;
@@ -125,6 +126,8 @@ static void usage(FILE *f)
             "  --writer-threads N     same as --threads (wins when both are given)\n"
             "  --listener-threads N   ZMQ listener threads (default 0 = 1, or 2 with more than 4 CPUs)\n"
             "  --replay-timeout-ms N  give up a replay after N ms without progress (default 5000)\n"
+            "  --max-dp-ranks N       distinct dp ranks one registration's batches may name (default 1024);\n"
+            "                         batches of further ranks are dropped and counted\n"
             "  --body-limit BYTES     request body limit of every route but /query (default 2097152)\n"
             "  --query-body-limit BYTES  body limit of /query (default 8388608 = 8 MiB)\n"
             "  --tls-cert FILE        PEM certificate chain: serve HTTPS (HTTP/2 via ALPN) ...\n"
@@ -213,7 +216,7 @@ static int min_initial_workers(uint64_t *out)
 
 enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
-    O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN,
+    O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN,
     O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_PORT_FILE, O_HELP, O_VERSION,
     O_DEMO, O_DEMO_TRACE, O_DEMO_WORKERS,
 };
@@ -233,6 +236,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"writer-threads", required_argument, NULL, O_WRITER_THREADS},
         {"listener-threads", required_argument, NULL, O_LISTENER_THREADS},
         {"replay-timeout-ms", required_argument, NULL, O_REPLAY_TIMEOUT},
+        {"max-dp-ranks", required_argument, NULL, O_MAX_DP_RANKS},
         {"body-limit", required_argument, NULL, O_BODY_LIMIT},
         {"query-body-limit", required_argument, NULL, O_QUERY_LIMIT},
         {"tls-cert", required_argument, NULL, O_TLS_CERT},
@@ -267,6 +271,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case O_REPLAY_TIMEOUT:
             rc = parse_long("--replay-timeout-ms", optarg, 1, 3600000, &o->replay_timeout_ms);
             break;
+        case O_MAX_DP_RANKS: rc = parse_long("--max-dp-ranks", optarg, 1, 1048576, &o->max_dp_ranks); break;
         case O_BLOCK_SIZE: rc = parse_long("--block-size", optarg, 1, UINT32_MAX, &o->block_size); break;
         case O_WORKERS: o->workers = optarg; break;
         case O_MODEL: o->model_name = optarg; break;
@@ -452,6 +457,7 @@ int main(int argc, char **argv)
         kvi_log_error("cannot create the service: %s", strerror(errno));
         return 1;
     }
+    kvi_listeners_set_max_ranks(kvi_service_listeners(svc), (uint32_t)o.max_dp_ranks); /* 0 = default */
     struct kvi_routes_config rc_cfg = {
         .body_limit = (size_t)o.body_limit,
         .query_body_limit = (size_t)o.query_body_limit,

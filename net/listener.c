@@ -45,7 +45,14 @@
  *
  *   Logging. Stream events (net/replay.h kvi_stream_ops.note) and socket
  *   trouble go to net/log.h through lis_log, which applies the listener's
- *   budget and the pool's quiet flag.
+ *   budget and the pool's quiet flag. The rank bound's warning (RANKS in
+ *   net/listener.h) is printed once per registration outside the budget.
+ *
+ *   Ranks. Each listener keeps the ranks its batches named since the last
+ *   clear (a sorted array, owner thread, grown once per new rank and never
+ *   past the pool's max_ranks), so a restart clears every one of them. The
+ *   bound itself is pool->max_ranks, a relaxed atomic read per new rank:
+ *   the setter hands over a number, nothing else.
  *
  *   Ordering. Each listener's batches are decoded and ingested on its
  *   thread in seq order (the stream's rules), through the thread's producer:
@@ -498,15 +505,39 @@ static struct listener *bind_match(struct bind_ep *b, const void *topic, size_t 
 
 /* ---- stream callbacks ----------------------------------------------------- */
 
-static void note_rank(struct listener *l, uint32_t r)
+/*
+ * Admit rank @p r for a batch of @p l (net/listener.h RANKS): the registered
+ * rank and ranks already carried always; a new one joins the sorted set
+ * while the registration holds fewer than max_ranks (the registered rank
+ * included), else it is refused. Owner thread; allocates once per new rank.
+ * @return whether the batch may be ingested.
+ */
+static bool admit_rank(struct listener *l, uint32_t r)
 {
     if (r == l->dp_rank)
-        return;
-    for (uint32_t i = 0; i < l->n_ranks; i++)
-        if (l->ranks[i] == r)
-            return;
-    if (l->n_ranks < KVI_LIS_MAX_RANKS)
-        l->ranks[l->n_ranks++] = r;
+        return true;
+    uint32_t lo = 0, hi = l->n_ranks;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (l->ranks[mid] < r)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < l->n_ranks && l->ranks[lo] == r)
+        return true;
+    /* relaxed: a setting read on its own (kvi_listeners_set_max_ranks) */
+    uint32_t max = atomic_load_explicit(&l->lp->max_ranks, memory_order_relaxed);
+    if ((uint64_t)l->n_ranks + 1 >= max)
+        return false;
+    if (l->n_ranks == l->cap_ranks) {
+        l->cap_ranks = l->cap_ranks ? l->cap_ranks * 2 : 8;
+        l->ranks = kvi_xrealloc(l->ranks, l->cap_ranks * sizeof *l->ranks);
+    }
+    memmove(l->ranks + lo + 1, l->ranks + lo, (l->n_ranks - lo) * sizeof *l->ranks);
+    l->ranks[lo] = r;
+    l->n_ranks++;
+    return true;
 }
 
 static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
@@ -525,8 +556,18 @@ static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
         kvi_decoder_trim(t->dec); /* a huge bad frame must not pin its scratch */
         return -EBADMSG;
     }
-    if (b.has_dp_rank)
-        note_rank(l, b.dp_rank);
+    if (b.has_dp_rank && !admit_rank(l, b.dp_rank)) {
+        CTR(l, ranks_dropped, 1);
+        if (!l->ranks_warned && !l->lp->cfg.quiet) /* once per registration, outside the budget */
+            kvi_log_warn("listener %s: batch %llu names dp rank %d, beyond the %u distinct ranks a registration "
+                         "may hold: dropped (further batches of new ranks are dropped and counted in "
+                         "ranks_dropped without a warning)",
+                         l->tgt_name, (unsigned long long)seq, (int32_t)b.dp_rank,
+                         atomic_load_explicit(&l->lp->max_ranks, memory_order_relaxed));
+        l->ranks_warned = true;
+        kvi_decoder_trim(t->dec);
+        return KVI_STREAM_SKIPPED;
+    }
     /* the ops publish W + 1 (before this batch), the batch's last one seq + 1 */
     l->tgt.applied1 = kvi_wm_next(&l->stream.wm);
     l->tgt.applied1_end = seq + 1;
@@ -641,6 +682,15 @@ static void cb_note(void *ctx, const struct kvi_stream_note *n)
     case KVI_NOTE_OVERRUN:
         lis_log(l, KVI_LOG_WARN, "replay answered from seq %llu, past the requested seq %llu (engine buffer "
                 "overrun): %llu batches lost%s", seq, exp, lost, cleared);
+        break;
+    case KVI_NOTE_IMPLAUSIBLE:
+        lis_log(l, KVI_LOG_WARN, "live seq %llu jumps more than 2^32 past seq %llu: forged or corrupt, dropped "
+                "(watermarks unchanged)", seq, exp);
+        break;
+    case KVI_NOTE_RESYNC:
+        lis_log(l, KVI_LOG_WARN, "%u implausible seqs in a row up to %llu (last good seq %llu): taken for a "
+                "publisher restart%s; rank cleared, stream restarted at seq %llu", KVI_WM_RESYNC_RUN, seq, exp,
+                n->in_replay ? " during a replay (the replay and its buffered batches dropped)" : "", seq);
         break;
     }
 }

@@ -56,6 +56,20 @@
  *   (its info lines print while some remain), then says further lines are
  *   suppressed; `quiet` prints nothing.
  *
+ * RANKS
+ *   A batch names its dp rank (data_parallel_rank: any i32 on the wire), and
+ *   every rank costs the index a rank of the instance. A registration holds
+ *   at most `max_ranks` distinct ranks (default KVI_LISTEN_MAX_RANKS_DEFAULT,
+ *   1,024; its registered rank, used by batches naming none, is one of them
+ *   and always accepted). A batch whose rank is new when the registration
+ *   already holds max_ranks is dropped whole (nothing of it is indexed),
+ *   counted in `ranks_dropped`, and warned about once per registration; its
+ *   seq counts as handled (W moves past it: a replay would bring the same
+ *   bytes, so it is neither a gap nor replayed). The ranks are those the
+ *   stream carried since its last clear: a publisher restart (or a clear by
+ *   the gap policy) drops every one of them from the index and the set
+ *   starts over. kvi_listeners_set_max_ranks changes the bound at run time.
+ *
  * THREADS AND OWNERSHIP
  *   A pool owns N listener threads (default 1, or 2 on machines with more
  *   than 4 CPUs), each serving many registrations from one epoll set over
@@ -108,6 +122,7 @@
 #define KVI_LISTEN_DEFAULT_REPLAY_RETRIES 3       /* re-requests after holes in one replay */
 #define KVI_LISTEN_DEFAULT_MAX_BUFFERED 1000000   /* batches buffered during one replay */
 #define KVI_LISTEN_DEFAULT_BUDGET 256             /* messages drained per socket per turn */
+#define KVI_LISTEN_MAX_RANKS_DEFAULT 1024         /* distinct dp ranks per registration (RANKS) */
 
 enum kvi_listen_mode {
     KVI_LISTEN_CONNECT = 0, /* kvidx connects a SUB to the engine's PUB (default) */
@@ -152,7 +167,9 @@ const char *kvi_listener_state_name(enum kvi_listener_state s);
     X(replay_malformed, "replay replies with a bad layout, ignored")                              \
     X(replay_undecodable, "replayed batches that failed to decode (skipped: identical bytes never decode)") \
     X(live_buffered, "live batches buffered while a replay ran")                                  \
-    X(buffer_overflows, "replays abandoned because too many batches were buffered")
+    X(buffer_overflows, "replays abandoned because too many batches were buffered")                \
+    X(ranks_dropped, "batches dropped: their dp rank would exceed the listener's max_ranks distinct ranks") \
+    X(implausible_seq, "live batches dropped: seq jumped more than 2^32 past the last one (forged or corrupt)")
 
 /**
  * Event-side counters of a listener, from its ingest target (net/ingest.h)
@@ -197,6 +214,7 @@ struct kvi_listeners_config {
     bool quiet;                 /* no log lines (counters still count) */
     void *zmq_ctx;              /* a ZMQ context to use (inproc:// engines in this process; it
                                    must outlive the pool); NULL = the pool creates its own */
+    uint32_t max_ranks;         /* distinct dp ranks per registration (RANKS); 0 = KVI_LISTEN_MAX_RANKS_DEFAULT */
     int monitors;               /* SUB sockets with a connection monitor (2 descriptors each; LIVENESS):
                                    0 = RLIMIT_NOFILE's soft limit / 8, read when a socket opens;
                                    < 0 = none */
@@ -407,6 +425,17 @@ size_t kvi_listeners_foreach(struct kvi_listeners *lp, void (*fn)(void *ctx, con
 
 /** Totals over every listener and thread. */
 void kvi_listeners_totals(struct kvi_listeners *lp, struct kvi_listener_totals *out);
+
+/**
+ * Set the most distinct dp ranks a registration may hold (RANKS); 0 = the
+ * default (KVI_LISTEN_MAX_RANKS_DEFAULT). Any thread. Applies to the ranks
+ * that batches name from now on: ranks a registration already holds stay
+ * (until its next clear), a lower bound only refuses new ones.
+ */
+void kvi_listeners_set_max_ranks(struct kvi_listeners *lp, uint32_t max_ranks);
+
+/** The current bound of kvi_listeners_set_max_ranks. Any thread. */
+uint32_t kvi_listeners_max_ranks(const struct kvi_listeners *lp);
 
 /** Number of listener threads. */
 uint32_t kvi_listeners_threads(const struct kvi_listeners *lp);

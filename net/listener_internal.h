@@ -18,7 +18,6 @@
 #include "net/replay.h"
 
 #define KVI_LIS_WARN_BUDGET 20  /* warnings and errors a listener prints before going quiet */
-#define KVI_LIS_MAX_RANKS 8     /* batch ranks remembered per listener (cleared with it on restart) */
 
 enum sock_kind { SK_CMD, SK_SUB, SK_BIND, SK_DEALER, SK_MON };
 
@@ -79,8 +78,10 @@ struct listener {
     bool subscribed;     /* bind mode: topic subscribed on the shared socket */
     bool replay_listed;  /* on the thread's replaying list */
     uint32_t warn_budget;
-    uint32_t n_ranks;
-    uint32_t ranks[KVI_LIS_MAX_RANKS]; /* batch ranks other than dp_rank seen since the last reset */
+    bool ranks_warned;   /* the rank bound's warning was printed (once per registration) */
+    uint32_t *ranks;     /* batch ranks other than dp_rank carried since the last clear: sorted,
+                            unique, fewer than the pool's max_ranks when added (net/listener.h RANKS) */
+    uint32_t n_ranks, cap_ranks;
     struct kvi_stream stream;
     struct kvi_ingest_target tgt;
     char tgt_name[96];
@@ -179,6 +180,8 @@ struct kvi_listeners {
     struct kvi_listener_counters departed;
     uint64_t departed_unknown_topic;
     _Atomic uint32_t n_monitors; /* monitors open over all threads (the budget of cfg.monitors) */
+    _Atomic uint32_t max_ranks;  /* distinct ranks per registration (cfg.max_ranks, then the setter):
+                                    relaxed, a setting on its own */
     uint32_t n_threads;
     struct lis_thread *thr;
 };

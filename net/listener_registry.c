@@ -46,11 +46,14 @@ struct kvi_listeners *kvi_listeners_create(struct kvi_writer_pool *writers, cons
         c.max_buffered = KVI_LISTEN_DEFAULT_MAX_BUFFERED;
     if (c.budget == 0)
         c.budget = KVI_LISTEN_DEFAULT_BUDGET;
+    if (c.max_ranks == 0)
+        c.max_ranks = KVI_LISTEN_MAX_RANKS_DEFAULT;
 
     struct kvi_listeners *lp = kvi_xcalloc(1, sizeof *lp);
     lp->writers = writers;
     lp->cfg = c;
     atomic_store(&lp->gate_open, !c.gated);
+    atomic_init(&lp->max_ranks, c.max_ranks);
     pthread_mutex_init(&lp->ctl, NULL);
     pthread_mutex_init(&lp->mu, NULL);
     if (c.zmq_ctx != NULL) {
@@ -252,6 +255,7 @@ static void listener_free(struct listener *l)
     free(l->endpoint);
     free(l->replay_ep);
     free(l->topic);
+    free(l->ranks);
     free(l);
 }
 
@@ -593,6 +597,17 @@ void kvi_listeners_totals(struct kvi_listeners *lp, struct kvi_listener_totals *
         kvi_writer_stats(lp->writers, w, &ws);
         out->writer_stalls += ws.stalls;
     }
+}
+
+void kvi_listeners_set_max_ranks(struct kvi_listeners *lp, uint32_t max_ranks)
+{
+    /* relaxed: a setting on its own; listener threads read it per new rank (net/listener.c DESIGN) */
+    atomic_store_explicit(&lp->max_ranks, max_ranks ? max_ranks : KVI_LISTEN_MAX_RANKS_DEFAULT, memory_order_relaxed);
+}
+
+uint32_t kvi_listeners_max_ranks(const struct kvi_listeners *lp)
+{
+    return atomic_load_explicit(&lp->max_ranks, memory_order_relaxed); /* relaxed: as above */
 }
 
 uint32_t kvi_listeners_threads(const struct kvi_listeners *lp)

@@ -95,7 +95,9 @@ static bool buf_insert(struct kvi_stream *st, uint64_t seq, bool replayed, zmq_m
 static void apply_one(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, bool replayed)
 {
     int rc = st->ops->apply(st->ctx, seq, zmq_msg_data(msg), zmq_msg_size(msg));
-    if (rc == 0) {
+    if (rc == KVI_STREAM_SKIPPED) {
+        kvi_wm_applied(&st->wm, seq); /* the owner counted it; the same bytes would be dropped again */
+    } else if (rc == 0) {
         kvi_wm_applied(&st->wm, seq);
         CTR(st, batches, 1);
         if (replayed) {
@@ -218,7 +220,8 @@ void kvi_stream_abort(struct kvi_stream *st)
 void kvi_stream_live(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint64_t now_ns)
 {
     bool was_replaying = st->replaying;
-    if (st->replaying) {
+    if (st->replaying && !kvi_wm_implausible(&st->wm, seq)) {
+        st->wm.n_odd = 0; /* a plausible seq ends any run of implausible ones */
         if (!(st->wm.l_set && seq <= st->wm.l)) {
             st->wm.l = seq;
             st->wm.l_set = true;
@@ -236,9 +239,23 @@ void kvi_stream_live(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint64
         kvi_stream_abort(st);
     }
 
-    uint64_t last_live = st->wm.l;
+    uint64_t last_live = st->wm.l_set ? st->wm.l : st->wm.w;
     struct kvi_wm_verdict v = kvi_wm_live(&st->wm, seq, st->can_replay, (enum kvi_gap_policy)st->policy);
-    if (v.restart) {
+    if (v.act == KVI_WM_IMPLAUSIBLE) {
+        CTR(st, implausible_seq, 1); /* a running replay goes on: nothing moved */
+        note(st, &(struct kvi_stream_note){.type = KVI_NOTE_IMPLAUSIBLE, .expected = last_live, .seq = seq});
+        return;
+    }
+    if (v.resync) {
+        if (st->replaying) { /* the replay was for the old stream */
+            st->ops->reset_dealer(st->ctx);
+            kvi_stream_abort(st);
+        }
+        CTR(st, restarts, 1);
+        st->ops->clear(st->ctx);
+        note(st, &(struct kvi_stream_note){
+                     .type = KVI_NOTE_RESYNC, .expected = last_live, .seq = seq, .in_replay = was_replaying});
+    } else if (v.restart) {
         CTR(st, restarts, 1);
         st->ops->clear(st->ctx);
         note(st, &(struct kvi_stream_note){
@@ -256,6 +273,8 @@ void kvi_stream_live(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint64
         note(st, &(struct kvi_stream_note){.type = KVI_NOTE_GAP, .expected = v.from, .seq = seq});
         buf_insert(st, seq, false, msg);
         start_replay(st, v.from, now_ns);
+        break;
+    case KVI_WM_IMPLAUSIBLE: /* returned above */
         break;
     case KVI_WM_LOSS_CLEAR:
         CTR(st, gap_clears, 1);
@@ -280,8 +299,12 @@ void kvi_stream_reply(struct kvi_stream *st, uint64_t seq, zmq_msg_t *msg, uint6
         CTR(st, replay_dups, 1); /* a late reply: nothing asked for it any more */
         return;
     }
-    st->deadline_ns = now_ns + st->timeout_ns;
     uint64_t next = kvi_wm_next(&st->wm);
+    if (seq > next && seq - next > KVI_WM_MAX_JUMP) {
+        CTR(st, replay_malformed, 1); /* no engine buffer spans that: forged or corrupt */
+        return;
+    }
+    st->deadline_ns = now_ns + st->timeout_ns;
     bool first = !st->got_first;
     uint64_t expect = first ? st->req_from : st->last_reply + 1;
     st->got_first = true;

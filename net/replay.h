@@ -35,6 +35,16 @@
  *   and its buffer are dropped (the DEALER discarded) and s is handled as
  *   on a fresh stream after clearing the rank.
  *
+ * IMPLAUSIBLE SEQS (net/watermark.h)
+ *   A live seq more than KVI_WM_MAX_JUMP past L (or W) is dropped and
+ *   counted in `implausible_seq`, during a replay too (it is neither
+ *   buffered nor a gap): W, L, `gaps` and `lost` do not move, so the next
+ *   real seq continues the stream. A run of KVI_WM_RESYNC_RUN such seqs is
+ *   a resync: counted as a restart (rank cleared, any replay dropped), and
+ *   the last one is applied as the first batch of a fresh stream. A replay
+ *   reply more than KVI_WM_MAX_JUMP past the next seq due is ignored and
+ *   counted in `replay_malformed` (no hole or loss of that size is counted).
+ *
  * DECODE FAILURES
  *   A live batch that fails to decode leaves W alone (§2.2): the next live
  *   batch is a gap and the replay re-fetches it. A replayed batch that fails
@@ -72,6 +82,8 @@ enum kvi_stream_note_type {
     KVI_NOTE_REPLAY_DONE, /* the replay ended with every batch up to the buffered ones applied */
     KVI_NOTE_GIVEN_UP,    /* the replay was given up: loss accepted (or rank cleared) */
     KVI_NOTE_OVERRUN,     /* the first reply started past the requested seq (engine buffer overrun) */
+    KVI_NOTE_IMPLAUSIBLE, /* a live seq jumped more than KVI_WM_MAX_JUMP: dropped */
+    KVI_NOTE_RESYNC,      /* a run of implausible seqs: restart, rank cleared, s applied as a fresh stream */
 };
 
 /**
@@ -89,6 +101,8 @@ enum kvi_stream_note_type {
  *                without progress", "retries exhausted", "buffer limit reached",
  *                "request failed")
  *   OVERRUN      expected (the start requested), seq (the first reply), lost, cleared
+ *   IMPLAUSIBLE  expected (the reference: L, else W), seq
+ *   RESYNC       expected (the reference before the run), seq (the one applied), in_replay
  * The watermarks after the event are the stream's own (st->wm) when the note is made.
  */
 struct kvi_stream_note {
@@ -106,7 +120,12 @@ struct kvi_stream_note {
 
 /** Callbacks into the owner (the listener). */
 struct kvi_stream_ops {
-    /** Decode and ingest one batch. @return 0, or -EBADMSG when it failed to decode. */
+    /**
+     * Decode and ingest one batch. @return 0; KVI_STREAM_SKIPPED when the
+     * owner dropped a good batch on purpose and counted it (W moves past it,
+     * `batches` is not counted: a replay would bring the same bytes); or
+     * -EBADMSG when it failed to decode.
+     */
     int (*apply)(void *ctx, uint64_t seq, const void *buf, size_t len);
     /** Drop this (instance, rank)'s blocks (restart, clear policy). */
     void (*clear)(void *ctx);
@@ -121,6 +140,9 @@ struct kvi_stream_ops {
      */
     void (*note)(void *ctx, const struct kvi_stream_note *n);
 };
+
+/** kvi_stream_ops.apply: the batch decoded and was dropped by the owner (e.g. its rank bound). */
+#define KVI_STREAM_SKIPPED 1
 
 /** A buffered batch. */
 struct kvi_stream_buf {

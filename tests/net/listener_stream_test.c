@@ -479,6 +479,110 @@ static void test_out_of_order_inserts(void **state)
     kvi_stream_fini(&f.st);
 }
 
+/*
+ * A forged seq 2^63 past L (issue 18 item 10): dropped and counted; W, L,
+ * gaps and lost unchanged, also during a replay (neither buffered nor a
+ * gap); the next real seq goes on with no restart. A replay reply that far
+ * ahead is ignored as malformed (no hole of that width is counted).
+ */
+static void test_implausible_jump(void **state)
+{
+    (void)state;
+    uint64_t far = UINT64_C(1) << 63;
+    for (int replay = 0; replay <= 1; replay++) {
+        struct fx f;
+        fx_init(&f, replay, KVI_GAP_APPLY, 0);
+        for (uint64_t s = 0; s < 5; s++)
+            live(&f, s);
+        live(&f, 4 + far);
+        assert_int_equal(C(&f, &f.ctr.implausible_seq), 1);
+        assert_int_equal(f.st.wm.l, 4);
+        assert_int_equal(f.st.wm.w, 4);
+        assert_int_equal(f.r.n_notes, 1);
+        assert_int_equal(f.r.notes[0].type, KVI_NOTE_IMPLAUSIBLE);
+        assert_int_equal(f.r.notes[0].expected, 4);
+        for (uint64_t s = 5; s < 8; s++)
+            live(&f, s);
+        assert_applied_range(&f, 0, 7);
+        assert_int_equal(C(&f, &f.ctr.lost), 0);
+        assert_int_equal(C(&f, &f.ctr.gaps), 0);
+        assert_int_equal(C(&f, &f.ctr.restarts), 0);
+        assert_int_equal(f.r.clears, 0);
+        assert_int_equal(f.r.n_requests, 0);
+        kvi_stream_fini(&f.st);
+    }
+
+    /* during a replay: not buffered, the replay finishes as if it never came */
+    struct fx f;
+    fx_init(&f, true, KVI_GAP_APPLY, 0);
+    live(&f, 0);
+    live(&f, 3); /* gap: replay from 1 */
+    assert_true(kvi_stream_replaying(&f.st));
+    live(&f, 3 + far);
+    assert_int_equal(C(&f, &f.ctr.implausible_seq), 1);
+    assert_int_equal(kvi_stream_buffered(&f.st), 1);
+    reply(&f, 1 + far); /* a reply that far ahead: ignored */
+    assert_int_equal(C(&f, &f.ctr.replay_malformed), 1);
+    assert_int_equal(C(&f, &f.ctr.replay_holes), 0);
+    reply(&f, 1);
+    reply(&f, 2);
+    kvi_stream_sentinel(&f.st, f.now);
+    assert_false(kvi_stream_replaying(&f.st));
+    live(&f, 4);
+    assert_applied_range(&f, 0, 4);
+    assert_int_equal(C(&f, &f.ctr.lost), 0);
+    assert_int_equal(C(&f, &f.ctr.restarts), 0);
+    assert_int_equal(f.r.clears, 0);
+    kvi_stream_fini(&f.st);
+}
+
+/*
+ * KVI_WM_RESYNC_RUN implausible seqs in a row, each the previous + 1: a
+ * publisher whose counter really moved on. The last one is a restart
+ * (rank cleared, any replay dropped) and is applied as the first batch of a
+ * fresh stream, with no loss counted for the distance; the stream follows.
+ */
+static void test_implausible_run_resyncs(void **state)
+{
+    (void)state;
+    uint64_t base = (UINT64_C(1) << 40);
+    struct fx f;
+    fx_init(&f, true, KVI_GAP_APPLY, 0);
+    live(&f, 0);
+    live(&f, 2); /* a replay runs */
+    assert_true(kvi_stream_replaying(&f.st));
+    for (uint64_t k = 0; k < KVI_WM_RESYNC_RUN; k++)
+        live(&f, base + k);
+    assert_int_equal(C(&f, &f.ctr.implausible_seq), KVI_WM_RESYNC_RUN - 1);
+    assert_int_equal(C(&f, &f.ctr.restarts), 1);
+    assert_int_equal(f.r.clears, 1);
+    assert_int_equal(f.r.resets, 1);
+    assert_false(kvi_stream_replaying(&f.st));
+    assert_int_equal(f.st.wm.w, base + KVI_WM_RESYNC_RUN - 1);
+    live(&f, base + KVI_WM_RESYNC_RUN);
+    assert_int_equal(f.r.n_applied, 3);
+    assert_int_equal(f.r.applied[0], 0);
+    assert_int_equal(f.r.applied[1], base + KVI_WM_RESYNC_RUN - 1);
+    assert_int_equal(f.r.applied[2], base + KVI_WM_RESYNC_RUN);
+    assert_int_equal(C(&f, &f.ctr.lost), 0);
+    assert_int_equal(f.r.notes[f.r.n_notes - 1].type, KVI_NOTE_RESYNC);
+
+    /* a run broken by a real seq starts over: no resync */
+    struct fx g;
+    fx_init(&g, false, KVI_GAP_APPLY, 0);
+    live(&g, 0);
+    live(&g, base);
+    live(&g, base + 1);
+    live(&g, 1);
+    live(&g, base + 2);
+    live(&g, base + 3);
+    assert_int_equal(C(&g, &g.ctr.implausible_seq), 4);
+    assert_int_equal(C(&g, &g.ctr.restarts), 0);
+    assert_applied_range(&g, 0, 1);
+    kvi_stream_fini(&f.st);
+    kvi_stream_fini(&g.st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -488,6 +592,8 @@ int main(void)
         cmocka_unit_test(test_overrun),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_restart_during_replay),
+        cmocka_unit_test(test_implausible_jump),
+        cmocka_unit_test(test_implausible_run_resyncs),
         cmocka_unit_test(test_undecodable),
         cmocka_unit_test(test_overflow_and_request_failure),
         cmocka_unit_test(test_no_replay),

@@ -303,6 +303,54 @@ static void test_seeded(void **state)
     assert_int_equal(v.from, 0);
 }
 
+/* A live seq more than KVI_WM_MAX_JUMP past L (else W): IMPLAUSIBLE, W and L unchanged; a run resyncs. */
+static void test_implausible_jump(void **state)
+{
+    (void)state;
+    struct kvi_wm wm = {.w = 10, .w_set = true, .l = 10, .l_set = true};
+    struct kvi_wm_verdict v = kvi_wm_live(&wm, 10 + KVI_WM_MAX_JUMP, false, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_LOSS); /* exactly the bound: a (huge) gap */
+    wm = (struct kvi_wm){.w = 10, .w_set = true, .l = 10, .l_set = true};
+    v = kvi_wm_live(&wm, 11 + KVI_WM_MAX_JUMP, false, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_IMPLAUSIBLE);
+    assert_false(v.restart);
+    assert_int_equal(v.lost, 0);
+    assert_int_equal(wm.l, 10);
+    assert_int_equal(wm.w, 10);
+    v = kvi_wm_live(&wm, 10 + (UINT64_C(1) << 63), true, KVI_GAP_CLEAR);
+    assert_int_equal(v.act, KVI_WM_IMPLAUSIBLE);
+    v = feed(&wm, 11, false, KVI_GAP_APPLY); /* the real stream goes on */
+    assert_int_equal(v.act, KVI_WM_APPLY);
+    assert_false(v.restart);
+    assert_int_equal(wm.n_odd, 0);
+
+    /* seeded W, L unset: measured from W */
+    wm = (struct kvi_wm){0};
+    kvi_wm_seed(&wm, 100);
+    v = kvi_wm_live(&wm, UINT64_MAX - 1, true, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_IMPLAUSIBLE);
+    assert_false(wm.l_set);
+
+    /* nothing seen: not judged (the join rows) */
+    wm = (struct kvi_wm){0};
+    assert_false(kvi_wm_implausible(&wm, UINT64_MAX - 1));
+
+    /* a run of KVI_WM_RESYNC_RUN, each the previous + 1: a restart onto a fresh stream at s */
+    wm = (struct kvi_wm){.w = 10, .w_set = true, .l = 10, .l_set = true};
+    uint64_t b = UINT64_C(1) << 50;
+    for (uint32_t k = 0; k + 1 < KVI_WM_RESYNC_RUN; k++)
+        assert_int_equal(kvi_wm_live(&wm, b + k, true, KVI_GAP_APPLY).act, KVI_WM_IMPLAUSIBLE);
+    v = feed(&wm, b + KVI_WM_RESYNC_RUN - 1, true, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_APPLY);
+    assert_true(v.restart);
+    assert_true(v.resync);
+    assert_false(wm.w_set);
+    kvi_wm_applied(&wm, b + KVI_WM_RESYNC_RUN - 1);
+    v = feed(&wm, b + KVI_WM_RESYNC_RUN, true, KVI_GAP_APPLY);
+    assert_int_equal(v.act, KVI_WM_APPLY);
+    assert_false(v.restart);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -315,6 +363,7 @@ int main(void)
         cmocka_unit_test(test_restart_detection),
         cmocka_unit_test(test_decode_failure_is_a_gap),
         cmocka_unit_test(test_large_seqs),
+        cmocka_unit_test(test_implausible_jump),
         cmocka_unit_test(test_random_against_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
