@@ -114,7 +114,8 @@ struct lfx {
     unsigned ipc_n;
 };
 
-LFX_FN void lfx_init(struct lfx *f, const struct kvi_listeners_config *cfg)
+/* lfx_init with the pool's log lines on or off (quiet) whatever the environment. */
+LFX_FN void lfx_init_quiet(struct lfx *f, const struct kvi_listeners_config *cfg, bool quiet)
 {
     memset(f, 0, sizeof *f);
     f->pool = kvi_writer_pool_create(NW, 0);
@@ -123,11 +124,16 @@ LFX_FN void lfx_init(struct lfx *f, const struct kvi_listeners_config *cfg)
     f->ix = kvi_index_create(&icfg);
     assert_non_null(f->ix);
     struct kvi_listeners_config c = cfg ? *cfg : (struct kvi_listeners_config){0};
-    c.quiet = getenv("KVI_TEST_VERBOSE") == NULL; /* listener warnings on stderr when set */
+    c.quiet = quiet;
     if (c.threads == 0)
         c.threads = 2;
     f->lp = kvi_listeners_create(f->pool, &c);
     assert_non_null(f->lp);
+}
+
+LFX_FN void lfx_init(struct lfx *f, const struct kvi_listeners_config *cfg)
+{
+    lfx_init_quiet(f, cfg, getenv("KVI_TEST_VERBOSE") == NULL); /* listener warnings on stderr when set */
 }
 
 LFX_FN void lfx_fini(struct lfx *f)

@@ -449,17 +449,9 @@ static void expect_line(struct capture *c, const char *re)
 /* lfx_init with the pool's log lines on (the fixture's pools are quiet). */
 static void init_logging(struct lfx *f, const struct kvi_listeners_config *cfg, bool quiet)
 {
-    memset(f, 0, sizeof *f);
-    f->pool = kvi_writer_pool_create(NW, 0);
-    assert_non_null(f->pool);
-    struct kvi_index_config icfg = {.block_size = BS, .n_parts = NW};
-    f->ix = kvi_index_create(&icfg);
-    assert_non_null(f->ix);
     struct kvi_listeners_config c = cfg ? *cfg : (struct kvi_listeners_config){0};
-    c.quiet = quiet;
     c.threads = 2;
-    f->lp = kvi_listeners_create(f->pool, &c);
-    assert_non_null(f->lp);
+    lfx_init_quiet(f, &c, quiet);
 }
 
 /*
