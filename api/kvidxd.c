@@ -87,6 +87,7 @@ struct opts {
     const char *tls_cert;
     const char *tls_key;
     const char *admin_token;
+    bool allow_remote_admin;
     const char *log_level;
     const char *api;
     long recovery_delay_ms;
@@ -135,6 +136,8 @@ static void usage(FILE *f)
             "  --admin-token TOKEN    require 'Authorization: Bearer TOKEN' on mutating routes\n"
             "                         (/register, /unregister, peers, test routes); default none\n"
             "                         (env KVIDX_ADMIN_TOKEN is used when the flag is absent)\n"
+            "  --allow-remote-admin   without an admin token, accept those routes from any client;\n"
+            "                         by default only loopback clients may call them (403 otherwise)\n"
             "  --log-level LEVEL      error, warn, info or debug (default info)\n"
             "  --api MODE             dialect of /register, /unregister, /query, /query_by_hash:\n"
             "                         auto (detected per request, default), dynamo or conductor\n"
@@ -216,7 +219,7 @@ static int min_initial_workers(uint64_t *out)
 
 enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
-    O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN,
+    O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN, O_ALLOW_REMOTE_ADMIN,
     O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_PORT_FILE, O_HELP, O_VERSION,
     O_DEMO, O_DEMO_TRACE, O_DEMO_WORKERS,
 };
@@ -242,6 +245,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"tls-cert", required_argument, NULL, O_TLS_CERT},
         {"tls-key", required_argument, NULL, O_TLS_KEY},
         {"admin-token", required_argument, NULL, O_ADMIN_TOKEN},
+        {"allow-remote-admin", no_argument, NULL, O_ALLOW_REMOTE_ADMIN},
         {"log-level", required_argument, NULL, O_LOG_LEVEL},
         {"api", required_argument, NULL, O_API},
         {"recovery-delay-ms", required_argument, NULL, O_REC_DELAY},
@@ -283,6 +287,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case O_TLS_CERT: o->tls_cert = optarg; break;
         case O_TLS_KEY: o->tls_key = optarg; break;
         case O_ADMIN_TOKEN: o->admin_token = optarg; break;
+        case O_ALLOW_REMOTE_ADMIN: o->allow_remote_admin = true; break;
         case O_LOG_LEVEL: o->log_level = optarg; break;
         case O_API: o->api = optarg; break;
         case O_REC_DELAY: rc = parse_long("--recovery-delay-ms", optarg, 0, 3600000, &o->recovery_delay_ms); break;
@@ -474,6 +479,9 @@ int main(int argc, char **argv)
     ho.tls_cert_file = o.tls_cert;
     ho.tls_key_file = o.tls_key;
     ho.admin_token = o.admin_token && o.admin_token[0] ? o.admin_token : NULL;
+    /* protected mode: without a token, topology changes come from this host only */
+    ho.admin_loopback_only = !o.allow_remote_admin;
+    ho.admin_hint = "start kvidxd with --admin-token (and send it) or --allow-remote-admin";
     ho.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
     ho.max_connections = (unsigned)o.max_connections;
     ho.thread_init = kvi_routes_thread_init;
@@ -493,6 +501,7 @@ int main(int argc, char **argv)
     slot_cfg.http_threads = slot_cfg.http_threads ? slot_cfg.http_threads : (unsigned)o.http_threads;
     slot_cfg.body_limit = (size_t)o.body_limit;
     slot_cfg.admin_token = ho.admin_token;
+    slot_cfg.admin_loopback_only = ho.admin_loopback_only;
     slot_cfg.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
     slot_cfg.max_connections = (unsigned)o.max_connections;
     slot_cfg.test_endpoints = test_endpoints;
@@ -515,8 +524,12 @@ int main(int argc, char **argv)
     if (test_endpoints)
         kvi_log_warn("DYN_KV_INDEXER_TEST_ENDPOINTS is set: /test/pause_listener and /test/resume_listener are "
                      "mounted (they drop events; do not use in production)");
-    if (ho.admin_token == NULL)
-        kvi_log_info("no admin token: mutating routes are open (set --admin-token to protect them)");
+    if (ho.admin_token == NULL && o.allow_remote_admin)
+        kvi_log_warn("no admin token and --allow-remote-admin: any client can register, unregister and add peers "
+                     "(set --admin-token to protect those routes)");
+    else if (ho.admin_token == NULL)
+        kvi_log_info("no admin token: registration, peer and other mutating routes accept loopback clients only "
+                     "(--admin-token or --allow-remote-admin opens them to others)");
     if (o.port_file != NULL && (rc = write_port_file(o.port_file, port)) != 0)
         kvi_log_error("cannot write --port-file %s: %s", o.port_file, strerror(-rc));
     if ((rc = kvi_service_start(svc)) != 0) {

@@ -793,6 +793,8 @@ static int create_server(struct kvi_slot_service *s)
     if (s->cfg.body_limit)
         ho.body_limit = s->cfg.body_limit;
     ho.admin_token = s->cfg.admin_token;
+    ho.admin_loopback_only = s->cfg.admin_loopback_only;
+    ho.admin_hint = "start kvidxd with --admin-token (and send it) or --allow-remote-admin";
     if (s->cfg.idle_timeout_ms)
         ho.idle_timeout_ms = s->cfg.idle_timeout_ms;
     if (s->cfg.max_connections)

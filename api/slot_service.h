@@ -101,6 +101,7 @@ struct kvi_slot_service_config {
     const char *host;         /* bind address; NULL = "0.0.0.0" */
     size_t body_limit;        /* 0 = 2 MiB */
     const char *admin_token;  /* required on topology, peer, replica and test routes; NULL = open */
+    bool admin_loopback_only; /* without admin_token: those routes answer 403 to non-loopback clients */
     unsigned idle_timeout_ms; /* 0 = the server's default */
     unsigned max_connections; /* 0 = the server's default */
     bool test_endpoints;      /* mount /test/advance_clock and /test/replica_sender */

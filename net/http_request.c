@@ -24,7 +24,10 @@
  */
 #include "net/http_server_internal.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -371,6 +374,24 @@ static struct kvi_http_str header_of(h2o_req_t *req, const h2o_token_t *tok)
     return (struct kvi_http_str){req->headers.entries[at].value.base, req->headers.entries[at].value.len};
 }
 
+/* Whether the request's client connects from a loopback address. */
+static bool peer_is_loopback(h2o_req_t *req)
+{
+    struct sockaddr_storage ss;
+    socklen_t n = req->conn->callbacks->get_peername != NULL
+                      ? req->conn->callbacks->get_peername(req->conn, (struct sockaddr *)&ss)
+                      : 0;
+    if (n == 0)
+        return false;
+    if (ss.ss_family == AF_INET)
+        return (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return ss.ss_family == AF_UNIX;
+}
+
 static bool bearer_matches(struct kvi_http_str auth, const char *token)
 {
     if (token == NULL || token[0] == '\0')
@@ -578,6 +599,12 @@ int kvi_http__on_req(h2o_handler_t *self, h2o_req_t *req)
     if ((rt->flags & KVI_HTTP_ROUTE_ADMIN) != 0 && !bearer_matches(auth, s->opt.admin_token)) {
         kvi_http_add_header(r, "www-authenticate", "Bearer");
         kvi_http__send_error(r, 401, "%s needs the admin token (Authorization: Bearer ...)", rt->path);
+        return 0;
+    }
+    if ((rt->flags & KVI_HTTP_ROUTE_ADMIN) != 0 && s->opt.admin_token == NULL && s->opt.admin_loopback_only &&
+        !peer_is_loopback(req)) {
+        kvi_http__send_error(r, 403, "%s accepts only loopback clients when no admin token is set%s%s", rt->path,
+                             s->opt.admin_hint ? ": " : "", s->opt.admin_hint ? s->opt.admin_hint : "");
         return 0;
     }
     if (req->entity.len > rt->body_limit) {

@@ -541,6 +541,7 @@ static void server_destroy(struct kvi_http_server *s)
     free((char *)s->opt.tls_cert_file);
     free((char *)s->opt.tls_key_file);
     free((char *)s->opt.admin_token);
+    free((char *)s->opt.admin_hint);
     pthread_mutex_destroy(&s->stop_mu);
     pthread_mutex_destroy(&s->ready_mu);
     pthread_cond_destroy(&s->ready_cv);
@@ -565,6 +566,7 @@ struct kvi_http_server *kvi_http_server_create(const struct kvi_http_options *o)
     s->opt.tls_cert_file = dup_opt(o->tls_cert_file);
     s->opt.tls_key_file = dup_opt(o->tls_key_file);
     s->opt.admin_token = o->admin_token != NULL && o->admin_token[0] != '\0' ? dup_opt(o->admin_token) : NULL;
+    s->opt.admin_hint = o->admin_hint != NULL ? dup_opt(o->admin_hint) : NULL;
     if (s->opt.backlog <= 0)
         s->opt.backlog = 4096;
     pthread_mutex_init(&s->stop_mu, NULL);

@@ -125,7 +125,8 @@ typedef void (*kvi_http_handler_fn)(const struct kvi_http_req *req, struct kvi_h
 
 /** Route flags. */
 enum {
-    /** Requires `Authorization: Bearer <options.admin_token>` when a token is set (else 401). */
+    /** Requires `Authorization: Bearer <options.admin_token>` when a token is set (else 401);
+     * without one, a loopback client when options.admin_loopback_only is set (else 403). */
     KVI_HTTP_ROUTE_ADMIN = 1u << 0,
 };
 
@@ -144,6 +145,11 @@ struct kvi_http_options {
     const char *tls_cert_file;     /* PEM chain; with tls_key_file enables HTTPS */
     const char *tls_key_file;      /* PEM private key */
     const char *admin_token;       /* checked for KVI_HTTP_ROUTE_ADMIN routes; NULL = open */
+    /* Without an admin_token: KVI_HTTP_ROUTE_ADMIN routes answer 403 to clients
+     * whose address is not loopback (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104),
+     * the error ending with admin_hint (what opens them). Default false. */
+    bool admin_loopback_only;
+    const char *admin_hint;        /* e.g. "set --admin-token or --allow-remote-admin"; may be NULL */
     unsigned idle_timeout_ms;      /* default 60 000; see Timeouts above */
     unsigned handshake_timeout_ms; /* TLS handshake; default 10 000 */
     unsigned max_connections;      /* open connections over all threads; default 16 384 */
