@@ -88,6 +88,7 @@ struct opts {
     const char *tls_key;
     const char *admin_token;
     bool allow_remote_admin;
+    const char *data_token;
     const char *log_level;
     const char *api;
     long recovery_delay_ms;
@@ -136,6 +137,10 @@ static void usage(FILE *f)
             "  --admin-token TOKEN    require 'Authorization: Bearer TOKEN' on mutating routes\n"
             "                         (/register, /unregister, peers, test routes); default none\n"
             "                         (env KVIDX_ADMIN_TOKEN is used when the flag is absent)\n"
+            "  --data-token TOKEN     require 'Authorization: Bearer TOKEN' (or the admin token) on\n"
+            "                         data-plane writes and whole-index reads: /dump, /route with\n"
+            "                         commit, the slot port's /add, /prefill_complete and /free;\n"
+            "                         default none (env KVIDX_DATA_TOKEN)\n"
             "  --allow-remote-admin   without an admin token, accept those routes from any client;\n"
             "                         by default only loopback clients may call them (403 otherwise)\n"
             "  --log-level LEVEL      error, warn, info or debug (default info)\n"
@@ -219,7 +224,7 @@ static int min_initial_workers(uint64_t *out)
 
 enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
-    O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN, O_ALLOW_REMOTE_ADMIN,
+    O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN, O_ALLOW_REMOTE_ADMIN, O_DATA_TOKEN,
     O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_PORT_FILE, O_HELP, O_VERSION,
     O_DEMO, O_DEMO_TRACE, O_DEMO_WORKERS,
 };
@@ -246,6 +251,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"tls-key", required_argument, NULL, O_TLS_KEY},
         {"admin-token", required_argument, NULL, O_ADMIN_TOKEN},
         {"allow-remote-admin", no_argument, NULL, O_ALLOW_REMOTE_ADMIN},
+        {"data-token", required_argument, NULL, O_DATA_TOKEN},
         {"log-level", required_argument, NULL, O_LOG_LEVEL},
         {"api", required_argument, NULL, O_API},
         {"recovery-delay-ms", required_argument, NULL, O_REC_DELAY},
@@ -288,6 +294,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case O_TLS_KEY: o->tls_key = optarg; break;
         case O_ADMIN_TOKEN: o->admin_token = optarg; break;
         case O_ALLOW_REMOTE_ADMIN: o->allow_remote_admin = true; break;
+        case O_DATA_TOKEN: o->data_token = optarg; break;
         case O_LOG_LEVEL: o->log_level = optarg; break;
         case O_API: o->api = optarg; break;
         case O_REC_DELAY: rc = parse_long("--recovery-delay-ms", optarg, 0, 3600000, &o->recovery_delay_ms); break;
@@ -390,6 +397,8 @@ int main(int argc, char **argv)
     }
     if (o.admin_token == NULL)
         o.admin_token = getenv("KVIDX_ADMIN_TOKEN");
+    if (o.data_token == NULL)
+        o.data_token = getenv("KVIDX_DATA_TOKEN");
 
     /* --workers (http-api.md §1.1) */
     static struct kvi_worker_spec workers[MAX_WORKERS];
@@ -482,6 +491,7 @@ int main(int argc, char **argv)
     /* protected mode: without a token, topology changes come from this host only */
     ho.admin_loopback_only = !o.allow_remote_admin;
     ho.admin_hint = "start kvidxd with --admin-token (and send it) or --allow-remote-admin";
+    ho.data_token = o.data_token && o.data_token[0] ? o.data_token : NULL;
     ho.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
     ho.max_connections = (unsigned)o.max_connections;
     ho.thread_init = kvi_routes_thread_init;
@@ -502,6 +512,7 @@ int main(int argc, char **argv)
     slot_cfg.body_limit = (size_t)o.body_limit;
     slot_cfg.admin_token = ho.admin_token;
     slot_cfg.admin_loopback_only = ho.admin_loopback_only;
+    slot_cfg.data_token = ho.data_token;
     slot_cfg.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
     slot_cfg.max_connections = (unsigned)o.max_connections;
     slot_cfg.test_endpoints = test_endpoints;

@@ -453,6 +453,11 @@ static void h_route(const struct kvi_http_req *req, struct kvi_http_res *res, vo
         .overlap_weight = q.overlap_weight,
         .decode_weight = q.decode_weight,
     };
+    if (q.commit && !kvi_slot_service_commit_allowed(rr->s, req)) {
+        kvi_http_add_header(res, "www-authenticate", "Bearer");
+        kvi_http_error(res, 401, "/route with \"commit\": true needs the data token (Authorization: Bearer ...)");
+        goto out;
+    }
     if (q.commit) {
         post_commit(rr, t, res, &q, &p, n_blocks, t->c, n, enc);
         goto out;

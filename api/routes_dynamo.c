@@ -293,6 +293,7 @@ int kvi_routes_dyn_mount(struct kvi_routes *rt, struct kvi_http_server *srv)
 {
     struct kvi_http_route_opts admin = {rt->cfg.body_limit, KVI_HTTP_ROUTE_ADMIN};
     struct kvi_http_route_opts plain = {rt->cfg.body_limit, 0};
+    struct kvi_http_route_opts data = {rt->cfg.body_limit, KVI_HTTP_ROUTE_DATA}; /* the whole index */
     int rc;
     if ((rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/health", h_health, rt, &plain)) < 0 ||
         (rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/ready", h_ready, rt, &plain)) < 0 ||
@@ -301,7 +302,7 @@ int kvi_routes_dyn_mount(struct kvi_routes *rt, struct kvi_http_server *srv)
         return rc;
     rt->metrics_route = rc;
     if ((rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/workers", h_workers, rt, &plain)) < 0 ||
-        (rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/dump", h_dump, rt, &plain)) < 0 ||
+        (rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/dump", h_dump, rt, &data)) < 0 ||
         (rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/peers", h_peers, rt, &plain)) < 0 ||
         (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/register_peer", h_register_peer, rt, &admin)) < 0 ||
         (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/deregister_peer", h_deregister_peer, rt, &admin)) < 0)

@@ -43,6 +43,7 @@ struct route_def {
     slot_fn fn;
     bool admin;
     bool test; /* mounted only with test endpoints */
+    bool data; /* a data-plane write: the data token when one is set */
 };
 
 struct route_ud {
@@ -640,22 +641,22 @@ static void h_replica_sender(struct kvi_slot_routes *rt, struct slot_thread *t, 
 /* ---- route table ---------------------------------------------------------------------------------------------- */
 
 static const struct route_def routes[] = {
-    {"/health", KVI_HTTP_GET, h_health, false, false},
-    {"/register", KVI_HTTP_POST, h_register, true, false},
-    {"/unregister", KVI_HTTP_POST, h_unregister, true, false},
-    {"/workers", KVI_HTTP_GET, h_workers, false, false},
-    {"/add", KVI_HTTP_POST, h_add, false, false},
-    {"/prefill_complete", KVI_HTTP_POST, h_prefill, false, false},
-    {"/free", KVI_HTTP_POST, h_free, false, false},
-    {"/loads", KVI_HTTP_GET, h_loads, false, false},
-    {"/potential_loads", KVI_HTTP_POST, h_potential, false, false},
-    {"/register_peer", KVI_HTTP_POST, h_register_peer, true, false},
-    {"/deregister_peer", KVI_HTTP_POST, h_deregister_peer, true, false},
-    {"/peers", KVI_HTTP_GET, h_peers, false, false},
-    {KVI_SLOT_SYNC_PATH, KVI_HTTP_POST, h_replica, true, false},
-    {"/metrics", KVI_HTTP_GET, h_metrics, false, false},
-    {"/test/advance_clock", KVI_HTTP_POST, h_advance_clock, true, true},
-    {"/test/replica_sender", KVI_HTTP_POST, h_replica_sender, true, true},
+    {"/health", KVI_HTTP_GET, h_health, false, false, false},
+    {"/register", KVI_HTTP_POST, h_register, true, false, false},
+    {"/unregister", KVI_HTTP_POST, h_unregister, true, false, false},
+    {"/workers", KVI_HTTP_GET, h_workers, false, false, false},
+    {"/add", KVI_HTTP_POST, h_add, false, false, true},
+    {"/prefill_complete", KVI_HTTP_POST, h_prefill, false, false, true},
+    {"/free", KVI_HTTP_POST, h_free, false, false, true},
+    {"/loads", KVI_HTTP_GET, h_loads, false, false, false},
+    {"/potential_loads", KVI_HTTP_POST, h_potential, false, false, false},
+    {"/register_peer", KVI_HTTP_POST, h_register_peer, true, false, false},
+    {"/deregister_peer", KVI_HTTP_POST, h_deregister_peer, true, false, false},
+    {"/peers", KVI_HTTP_GET, h_peers, false, false, false},
+    {KVI_SLOT_SYNC_PATH, KVI_HTTP_POST, h_replica, true, false, false},
+    {"/metrics", KVI_HTTP_GET, h_metrics, false, false, false},
+    {"/test/advance_clock", KVI_HTTP_POST, h_advance_clock, true, true, false},
+    {"/test/replica_sender", KVI_HTTP_POST, h_replica_sender, true, true, false},
 };
 
 /* Every path takes any method: a wrong one gets the reference's 405 text (with Allow). */
@@ -720,7 +721,8 @@ int kvi_slot_routes_mount(struct kvi_slot_routes *rt, struct kvi_http_server *sr
     for (size_t i = 0; i < KVI_ARRAY_LEN(routes); i++) {
         if (routes[i].test && !rt->test_endpoints)
             continue;
-        struct kvi_http_route_opts o = {rt->body_limit, routes[i].admin ? KVI_HTTP_ROUTE_ADMIN : 0};
+        struct kvi_http_route_opts o = {rt->body_limit, (routes[i].admin ? KVI_HTTP_ROUTE_ADMIN : 0u) |
+                                                            (routes[i].data ? KVI_HTTP_ROUTE_DATA : 0u)};
         rt->uds[i] = (struct route_ud){rt, &routes[i]};
         int rc = kvi_http_server_route(srv, KVI_HTTP_ANY, routes[i].path, dispatch, &rt->uds[i], &o);
         if (rc < 0)

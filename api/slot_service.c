@@ -352,6 +352,14 @@ static int peer_norm(const char *url, size_t len, char *out, const char **why)
     return (int)len;
 }
 
+bool kvi_slot_service_commit_allowed(const struct kvi_slot_service *s, const struct kvi_http_req *req)
+{
+    if (s->cfg.data_token == NULL)
+        return true;
+    return kvi_http_req_bearer_ok(req, s->cfg.data_token) ||
+           (s->cfg.admin_token != NULL && kvi_http_req_bearer_ok(req, s->cfg.admin_token));
+}
+
 bool kvi_slot_service_sync_enabled(const struct kvi_slot_service *s)
 {
     return s->cfg.sync;
@@ -795,6 +803,7 @@ static int create_server(struct kvi_slot_service *s)
     ho.admin_token = s->cfg.admin_token;
     ho.admin_loopback_only = s->cfg.admin_loopback_only;
     ho.admin_hint = "start kvidxd with --admin-token (and send it) or --allow-remote-admin";
+    ho.data_token = s->cfg.data_token;
     if (s->cfg.idle_timeout_ms)
         ho.idle_timeout_ms = s->cfg.idle_timeout_ms;
     if (s->cfg.max_connections)
@@ -834,6 +843,7 @@ struct kvi_slot_service *kvi_slot_service_create(const struct kvi_slot_service_c
     s->cfg.peers = NULL;
     s->cfg.host = xstrdup_or_null(cfg->host ? cfg->host : "0.0.0.0");
     s->cfg.admin_token = cfg->admin_token && cfg->admin_token[0] ? xstrdup_or_null(cfg->admin_token) : NULL;
+    s->cfg.data_token = cfg->data_token && cfg->data_token[0] ? xstrdup_or_null(cfg->data_token) : NULL;
     if (s->cfg.http_threads == 0)
         s->cfg.http_threads = 1;
     if (s->cfg.sync_queue == 0)
@@ -1005,6 +1015,7 @@ void kvi_slot_service_free(struct kvi_slot_service *s)
     free((char *)s->cfg.port_file);
     free((char *)s->cfg.host);
     free((char *)s->cfg.admin_token);
+    free((char *)s->cfg.data_token);
     free((char *)s->cfg.advertise);
     free(s);
 }

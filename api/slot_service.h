@@ -102,6 +102,8 @@ struct kvi_slot_service_config {
     size_t body_limit;        /* 0 = 2 MiB */
     const char *admin_token;  /* required on topology, peer, replica and test routes; NULL = open */
     bool admin_loopback_only; /* without admin_token: those routes answer 403 to non-loopback clients */
+    const char *data_token;   /* required on /add, /prefill_complete, /free and /route with commit (or
+                               * the admin token); NULL = open */
     unsigned idle_timeout_ms; /* 0 = the server's default */
     unsigned max_connections; /* 0 = the server's default */
     bool test_endpoints;      /* mount /test/advance_clock and /test/replica_sender */
@@ -180,6 +182,9 @@ struct kvi_slot_job {
  * @return 0, or -ESHUTDOWN once the thread has exited (the caller keeps @p j).
  */
 int kvi_slot_service_post(struct kvi_slot_service *s, struct kvi_slot_job *j);
+
+/** Whether a /route with "commit": true carries the data token (or the admin token) when one is set. Any thread. */
+bool kvi_slot_service_commit_allowed(const struct kvi_slot_service *s, const struct kvi_http_req *req);
 
 /** Whether replica sync is enabled. */
 bool kvi_slot_service_sync_enabled(const struct kvi_slot_service *s);

@@ -601,6 +601,12 @@ int kvi_http__on_req(h2o_handler_t *self, h2o_req_t *req)
         kvi_http__send_error(r, 401, "%s needs the admin token (Authorization: Bearer ...)", rt->path);
         return 0;
     }
+    if ((rt->flags & KVI_HTTP_ROUTE_DATA) != 0 && s->opt.data_token != NULL && !bearer_matches(auth, s->opt.data_token) &&
+        (s->opt.admin_token == NULL || !bearer_matches(auth, s->opt.admin_token))) {
+        kvi_http_add_header(r, "www-authenticate", "Bearer");
+        kvi_http__send_error(r, 401, "%s needs the data token (Authorization: Bearer ...)", rt->path);
+        return 0;
+    }
     if ((rt->flags & KVI_HTTP_ROUTE_ADMIN) != 0 && s->opt.admin_token == NULL && s->opt.admin_loopback_only &&
         !peer_is_loopback(req)) {
         kvi_http__send_error(r, 403, "%s accepts only loopback clients when no admin token is set%s%s", rt->path,

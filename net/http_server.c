@@ -542,6 +542,7 @@ static void server_destroy(struct kvi_http_server *s)
     free((char *)s->opt.tls_key_file);
     free((char *)s->opt.admin_token);
     free((char *)s->opt.admin_hint);
+    free((char *)s->opt.data_token);
     pthread_mutex_destroy(&s->stop_mu);
     pthread_mutex_destroy(&s->ready_mu);
     pthread_cond_destroy(&s->ready_cv);
@@ -567,6 +568,7 @@ struct kvi_http_server *kvi_http_server_create(const struct kvi_http_options *o)
     s->opt.tls_key_file = dup_opt(o->tls_key_file);
     s->opt.admin_token = o->admin_token != NULL && o->admin_token[0] != '\0' ? dup_opt(o->admin_token) : NULL;
     s->opt.admin_hint = o->admin_hint != NULL ? dup_opt(o->admin_hint) : NULL;
+    s->opt.data_token = o->data_token != NULL && o->data_token[0] != '\0' ? dup_opt(o->data_token) : NULL;
     if (s->opt.backlog <= 0)
         s->opt.backlog = 4096;
     pthread_mutex_init(&s->stop_mu, NULL);

@@ -128,6 +128,9 @@ enum {
     /** Requires `Authorization: Bearer <options.admin_token>` when a token is set (else 401);
      * without one, a loopback client when options.admin_loopback_only is set (else 403). */
     KVI_HTTP_ROUTE_ADMIN = 1u << 0,
+    /** Data-plane writes and whole-index reads: require `Authorization: Bearer
+     * <options.data_token>` (or the admin token) when a data token is set (else 401). */
+    KVI_HTTP_ROUTE_DATA = 1u << 1,
 };
 
 /** Per-route options (NULL: defaults). */
@@ -150,6 +153,7 @@ struct kvi_http_options {
      * the error ending with admin_hint (what opens them). Default false. */
     bool admin_loopback_only;
     const char *admin_hint;        /* e.g. "set --admin-token or --allow-remote-admin"; may be NULL */
+    const char *data_token;        /* checked for KVI_HTTP_ROUTE_DATA routes; NULL = open */
     unsigned idle_timeout_ms;      /* default 60 000; see Timeouts above */
     unsigned handshake_timeout_ms; /* TLS handshake; default 10 000 */
     unsigned max_connections;      /* open connections over all threads; default 16 384 */

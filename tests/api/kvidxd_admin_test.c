@@ -136,11 +136,50 @@ static void test_protected_mode(void **state)
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 }
 
+/* --data-token: data-plane writes and whole-index reads need it (or the admin
+ * token); queries and reads of loads stay open. */
+static void test_data_token(void **state)
+{
+    (void)state;
+    struct kfx_daemon d, sv;
+    const char *extra[] = {"--data-token", "d4ta", "--admin-token", "adm", NULL};
+    kfx_start_slots(&d, &sv, extra, NULL);
+    const char *data = "Authorization: Bearer d4ta", *admin = "Authorization: Bearer adm";
+    /* /dump: the whole index */
+    expect_to("127.0.0.1", d.port, "GET", "/dump", NULL, NULL, 401, "data token");
+    expect_to("127.0.0.1", d.port, "GET", "/dump", data, NULL, 200, NULL);
+    expect_to("127.0.0.1", d.port, "GET", "/dump", admin, NULL, 200, NULL);
+    /* the slot tracker's writes */
+    expect_to("127.0.0.1", sv.port, "POST", "/register", admin,
+              "{\"worker_id\":1,\"model_name\":\"m\",\"block_size\":4,\"dp_start\":0,\"dp_size\":1}", 201, NULL);
+    const char *add = "{\"model_name\":\"m\",\"request_id\":\"r1\",\"worker_id\":1,\"dp_rank\":0,"
+                      "\"sequence_hashes\":[1,2],\"new_isl_tokens\":8}";
+    const char *rid = "{\"model_name\":\"m\",\"request_id\":\"r1\"}";
+    expect_to("127.0.0.1", sv.port, "POST", "/add", NULL, add, 401, "data token");
+    expect_to("127.0.0.1", sv.port, "POST", "/add", data, add, 201, NULL);
+    expect_to("127.0.0.1", sv.port, "POST", "/prefill_complete", NULL, rid, 401, NULL);
+    expect_to("127.0.0.1", sv.port, "POST", "/prefill_complete", data, rid, 200, NULL);
+    expect_to("127.0.0.1", sv.port, "POST", "/free", NULL, rid, 401, NULL);
+    expect_to("127.0.0.1", sv.port, "POST", "/free", data, rid, 200, NULL);
+    expect_to("127.0.0.1", sv.port, "GET", "/loads", NULL, NULL, 200, NULL);
+    /* /route: open without commit; a commit needs the token */
+    const char *rq = "{\"model_name\":\"m\",\"token_ids\":[1,2,3,4,5,6,7,8]}";
+    const char *rc = "{\"model_name\":\"m\",\"token_ids\":[1,2,3,4,5,6,7,8],\"commit\":true,\"request_id\":\"r2\"}";
+    expect_to("127.0.0.1", d.port, "POST", "/route", NULL, rq, 200, "\"worker_id\":1");
+    expect_to("127.0.0.1", d.port, "POST", "/route", NULL, rc, 401, "data token");
+    expect_to("127.0.0.1", d.port, "POST", "/route", data, rc, 200, "\"worker_id\":1");
+    /* queries stay open */
+    expect_to("127.0.0.1", d.port, "POST", "/query", NULL, "{\"model_name\":\"m\",\"token_ids\":[1,2,3,4]}", 404,
+              NULL);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_protected_mode, teardown),
+        cmocka_unit_test_teardown(test_data_token, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();
