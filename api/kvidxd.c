@@ -513,6 +513,8 @@ int main(int argc, char **argv)
     slot_cfg.admin_token = ho.admin_token;
     slot_cfg.admin_loopback_only = ho.admin_loopback_only;
     slot_cfg.data_token = ho.data_token;
+    slot_cfg.tls_cert = o.tls_cert; /* both ports: the slot port's bearer tokens must not travel in clear */
+    slot_cfg.tls_key = o.tls_key;
     slot_cfg.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
     slot_cfg.max_connections = (unsigned)o.max_connections;
     slot_cfg.test_endpoints = test_endpoints;

@@ -804,6 +804,8 @@ static int create_server(struct kvi_slot_service *s)
     ho.admin_loopback_only = s->cfg.admin_loopback_only;
     ho.admin_hint = "start kvidxd with --admin-token (and send it) or --allow-remote-admin";
     ho.data_token = s->cfg.data_token;
+    ho.tls_cert_file = s->cfg.tls_cert;
+    ho.tls_key_file = s->cfg.tls_key;
     if (s->cfg.idle_timeout_ms)
         ho.idle_timeout_ms = s->cfg.idle_timeout_ms;
     if (s->cfg.max_connections)
@@ -844,6 +846,8 @@ struct kvi_slot_service *kvi_slot_service_create(const struct kvi_slot_service_c
     s->cfg.host = xstrdup_or_null(cfg->host ? cfg->host : "0.0.0.0");
     s->cfg.admin_token = cfg->admin_token && cfg->admin_token[0] ? xstrdup_or_null(cfg->admin_token) : NULL;
     s->cfg.data_token = cfg->data_token && cfg->data_token[0] ? xstrdup_or_null(cfg->data_token) : NULL;
+    s->cfg.tls_cert = xstrdup_or_null(cfg->tls_cert);
+    s->cfg.tls_key = xstrdup_or_null(cfg->tls_key);
     if (s->cfg.http_threads == 0)
         s->cfg.http_threads = 1;
     if (s->cfg.sync_queue == 0)
@@ -1016,6 +1020,8 @@ void kvi_slot_service_free(struct kvi_slot_service *s)
     free((char *)s->cfg.host);
     free((char *)s->cfg.admin_token);
     free((char *)s->cfg.data_token);
+    free((char *)s->cfg.tls_cert);
+    free((char *)s->cfg.tls_key);
     free((char *)s->cfg.advertise);
     free(s);
 }

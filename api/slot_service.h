@@ -102,6 +102,9 @@ struct kvi_slot_service_config {
     size_t body_limit;        /* 0 = 2 MiB */
     const char *admin_token;  /* required on topology, peer, replica and test routes; NULL = open */
     bool admin_loopback_only; /* without admin_token: those routes answer 403 to non-loopback clients */
+    const char *tls_cert;     /* PEM chain and key: HTTPS on the slot port too (kvidxd's --tls-cert,
+                               * so its bearer tokens never travel in clear); NULL = plaintext */
+    const char *tls_key;
     const char *data_token;   /* required on /add, /prefill_complete, /free and /route with commit (or
                                * the admin token); NULL = open */
     unsigned idle_timeout_ms; /* 0 = the server's default */

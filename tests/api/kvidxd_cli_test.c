@@ -216,11 +216,34 @@ static void test_tls(void **state)
         rmdir(dir);
         skip(); /* no openssl tool */
     }
-    struct kfx_daemon d;
+    struct kfx_daemon d, sv;
     const char *args[] = {"--tls-cert", cert, "--tls-key", key, NULL};
-    kfx_start(&d, args, NULL);
+    kfx_start_slots(&d, &sv, args, NULL);
     long versions[2] = {CURL_HTTP_VERSION_2TLS, CURL_HTTP_VERSION_1_1};
     long want[2] = {CURL_HTTP_VERSION_2_0, CURL_HTTP_VERSION_1_1};
+    /* the slot port speaks TLS too (its bearer tokens never travel in clear), and no plaintext */
+    for (int i = 0; i < 2; i++) {
+        struct kfx_resp r = {0};
+        r.body = calloc(1, 1);
+        char url[128];
+        snprintf(url, sizeof url, "%s://127.0.0.1:%u/health", i == 0 ? "https" : "http", sv.port);
+        CURL *h = curl_easy_init();
+        curl_easy_setopt(h, CURLOPT_URL, url);
+        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+        curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kfx_on_body);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &r);
+        CURLcode cc = curl_easy_perform(h);
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
+        curl_easy_cleanup(h);
+        if (i == 0 && (cc != CURLE_OK || r.status != 200))
+            fail_msg("https slot port: curl %d, status %ld", (int)cc, r.status);
+        if (i == 1 && cc == CURLE_OK && r.status == 200)
+            fail_msg("the slot port answered plaintext HTTP");
+        kfx_resp_free(&r);
+    }
     for (int i = 0; i < 2; i++) {
         struct kfx_resp r = {0};
         r.body = calloc(1, 1);
