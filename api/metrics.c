@@ -454,6 +454,9 @@ static void render_misc(const struct kvi_metrics_src *src, struct kvi_buf *b)
     put_u64(b, "kvidx_http_connections_accepted_total", "", hs.conns_accepted);
     put_help(b, "kvidx_http_connections_rejected_total", "counter", "HTTP connections refused over the limit");
     put_u64(b, "kvidx_http_connections_rejected_total", "", hs.conns_rejected);
+    put_help(b, "kvidx_http_requests_rejected_total", "counter",
+             "requests refused with 400 for ambiguous framing or a non-canonical target");
+    put_u64(b, "kvidx_http_requests_rejected_total", "", hs.rejected);
     put_help(b, "kvidx_http_requests_in_flight", "gauge", "dispatched HTTP requests not yet finished");
     put_u64(b, "kvidx_http_requests_in_flight", "", hs.in_flight);
     put_help(b, "kvidx_http_request_bytes_total", "counter", "request body bytes");

@@ -8,12 +8,15 @@
  *
  * DESIGN
  *
- * Dispatch. One h2o handler at "/" takes every request; our own exact-path
- * route table (immutable after start) picks the route, checks method, admin
- * token and the route's body limit, and calls the route's callback. h2o's own
- * error answers (malformed or oversize HTTP/1.1 bodies, a path h2o cannot
- * map) come through the host's fallback path, whose filter rewrites them to
- * JSON.
+ * Dispatch. One h2o handler at "/" takes every request; it first refuses
+ * ambiguous HTTP/1.x framing and targets that are not plain origin-form
+ * paths (400; see "request checks" below and Bad input in
+ * net/http_server.h), then our own exact-path route table (immutable after
+ * start), matched against the path as received, picks the route, checks
+ * method, admin token and the route's body limit, and calls the route's
+ * callback. h2o's own error answers (malformed or oversize HTTP/1.1
+ * bodies, a path h2o cannot map) come through the host's fallback path,
+ * whose filter rewrites them to JSON.
  *
  * Per-request state (`struct kvi_http_res`) is a shared chunk hung on the
  * request's pool: its dispose callback runs on the loop thread when h2o frees
@@ -37,6 +40,7 @@
 #include <h2o.h>
 
 #include "engine/common.h"
+#include "net/log.h"
 
 #define ERROR_TEXT_MAX 1000
 
@@ -559,6 +563,188 @@ void kvi_http_complete_error(struct kvi_http_deferred *d, int status, const char
     kvi_http_complete(d, status, "application/json", body, len);
 }
 
+/* ---- request checks: framing and target, before routing ---- */
+
+/*
+ * h2o 2.2.5 picks an HTTP/1.x body's framing from whichever of
+ * Content-Length and Transfer-Encoding it meets (chunked wins, the first
+ * Content-Length wins), and drops both headers from req->headers. A proxy in
+ * front that frames by the other one would see our body as its next request
+ * (request smuggling). So the raw request head, still at the start of the
+ * connection's input buffer while the request is dispatched (h2o consumes it
+ * only once the answer is sent; the chunked decoder rewrites only the bytes
+ * after the head), is scanned again here, and an ambiguous one is refused.
+ */
+
+/* Framing headers of one raw HTTP/1.x request head. */
+struct framing {
+    unsigned content_length;    /* Content-Length header lines */
+    unsigned transfer_encoding; /* Transfer-Encoding header lines */
+    bool folded;                /* a header line continued on the next (obs-fold) */
+};
+
+/*
+ * The next line of @p buf[*at .. len) without its CR LF (or LF) in @p line.
+ * @return false when no line end is left.
+ */
+static bool next_line(const char *buf, size_t len, size_t *at, h2o_iovec_t *line)
+{
+    const char *lf = memchr(buf + *at, '\n', len - *at);
+    if (lf == NULL)
+        return false;
+    size_t end = (size_t)(lf - buf);
+    line->base = (char *)buf + *at;
+    line->len = end - *at;
+    if (line->len != 0 && line->base[line->len - 1] == '\r')
+        line->len--;
+    *at = end + 1;
+    return true;
+}
+
+static bool name_is(h2o_iovec_t name, const char *lower)
+{
+    size_t n = strlen(lower);
+    return name.len == n && h2o_lcstris(name.base, n, lower, n);
+}
+
+/*
+ * Scan the raw head in @p buf for @p req's framing headers.
+ * @return 0, or -1 when @p buf does not start with @p req's request line and
+ *         a whole head (then nothing is known about it).
+ */
+static int scan_head(const char *buf, size_t len, const h2o_req_t *req, struct framing *f)
+{
+    size_t at = 0;
+    h2o_iovec_t line;
+    memset(f, 0, sizeof *f);
+    if (!next_line(buf, len, &at, &line))
+        return -1;
+    if (line.len == 0 && !next_line(buf, len, &at, &line)) /* picohttpparser skips one empty line */
+        return -1;
+    /* "METHOD SP target SP HTTP/1.x": the same method and target as parsed. */
+    h2o_iovec_t m = req->input.method, t = req->input.path;
+    if (line.len < m.len + t.len + 2 || memcmp(line.base, m.base, m.len) != 0 || line.base[m.len] != ' ')
+        return -1;
+    size_t p = m.len;
+    while (p < line.len && line.base[p] == ' ')
+        p++;
+    if (line.len - p < t.len + 1 || memcmp(line.base + p, t.base, t.len) != 0 || line.base[p + t.len] != ' ')
+        return -1;
+    for (;;) {
+        if (!next_line(buf, len, &at, &line))
+            return -1;
+        if (line.len == 0)
+            return 0;
+        if (line.base[0] == ' ' || line.base[0] == '\t') {
+            f->folded = true;
+            continue;
+        }
+        const char *colon = memchr(line.base, ':', line.len);
+        h2o_iovec_t name = h2o_iovec_init(line.base, colon != NULL ? (size_t)(colon - line.base) : line.len);
+        if (name_is(name, "content-length"))
+            f->content_length++;
+        else if (name_is(name, "transfer-encoding"))
+            f->transfer_encoding++;
+    }
+}
+
+/*
+ * Whether @p req (version < 2) came on an HTTP/2 connection: the request of
+ * an `Upgrade: h2c`, answered as stream 1 after the 101. h2o keeps its raw
+ * head only in a private field (h2o/http2_internal.h needs khash.h, which
+ * Debian does not ship), and from the 101 on the connection is framed by
+ * HTTP/2, so nothing after the head can be read as a further HTTP/1 request.
+ * An HTTP/1 connection has no server push; an HTTP/2 one does.
+ */
+static bool upgraded_to_h2(const h2o_req_t *req)
+{
+    return req->conn->callbacks->push_path != NULL;
+}
+
+/* The input buffer holding @p req's raw HTTP/1.x head, or NULL. */
+static h2o_buffer_t *raw_input(h2o_req_t *req)
+{
+    if (req->conn->callbacks->get_socket == NULL)
+        return NULL;
+    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+    return sock != NULL ? sock->input : NULL;
+}
+
+/*
+ * The HTTP/1.x framing rules (RFC 9112 6.1, 6.3; RFC 9110 8.6), strictest
+ * reading: no Content-Length together with Transfer-Encoding, at most one
+ * of each (identical Content-Length duplicates too: no proxy can read them
+ * otherwise than we do if there are none), no Transfer-Encoding in HTTP/1.0,
+ * no obs-fold. A head that cannot be found is refused as well.
+ * @return NULL, or why @p req is refused.
+ */
+static const char *framing_problem(h2o_req_t *req)
+{
+    h2o_buffer_t *in = raw_input(req);
+    struct framing f;
+    if (in == NULL || scan_head(in->bytes, in->size, req, &f) != 0)
+        return "the request head could not be checked";
+    if (f.content_length != 0 && f.transfer_encoding != 0)
+        return "a request must not carry both Content-Length and Transfer-Encoding";
+    if (f.content_length > 1)
+        return "a request must carry at most one Content-Length header";
+    if (f.transfer_encoding > 1)
+        return "a request must carry at most one Transfer-Encoding header";
+    if (f.transfer_encoding != 0 && req->version < 0x101)
+        return "Transfer-Encoding is not allowed in an HTTP/1.0 request";
+    if (f.folded)
+        return "folded header lines (obs-fold) are not allowed";
+    return NULL;
+}
+
+/*
+ * The target rules: routing is on the path exactly as received, so a
+ * proxy's path rules see what we route on. h2o would decode %XX and resolve
+ * dot segments first (/%72egister and /x/../register both reached
+ * /register); such a path is refused instead. The query is not checked.
+ * @return NULL with *path set to the path part (before '?'), or why the
+ *         target is refused.
+ */
+static const char *target_problem(h2o_iovec_t target, h2o_iovec_t *path)
+{
+    if (target.len == 0 || target.base[0] != '/')
+        return "the request target must be an absolute path (origin-form)";
+    const char *q = memchr(target.base, '?', target.len);
+    size_t n = q != NULL ? (size_t)(q - target.base) : target.len;
+    if (memchr(target.base, '%', n) != NULL)
+        return "percent-encoding is not allowed in the path";
+    for (size_t seg = 1, i = 1; i <= n; i++) {
+        if (i < n && target.base[i] != '/')
+            continue;
+        size_t l = i - seg;
+        if ((l == 1 || l == 2) && target.base[seg] == '.' && target.base[seg + l - 1] == '.')
+            return "dot segments (. and ..) are not allowed in the path";
+        seg = i + 1;
+    }
+    *path = h2o_iovec_init(target.base, n);
+    return NULL;
+}
+
+/*
+ * Refuse @p req with 400 `{"error": why}`. An HTTP/1.x connection is closed
+ * after the answer (Connection: close): what follows the head on it cannot
+ * be trusted to start a request. Logged at debug, once per connection.
+ */
+static void reject(struct worker *w, h2o_req_t *req, uint64_t t0, const char *why)
+{
+    struct kvi_http_res *r = res_new(w, req, w->srv->nroutes, t0);
+    kvi_relaxed_add(&w->rejected, 1);
+    if (req->version < 0x200 && !upgraded_to_h2(req))
+        req->http1_is_persistent = 0;
+    if (r->conn == NULL || !r->conn->reject_logged) {
+        if (r->conn != NULL)
+            r->conn->reject_logged = true;
+        kvi_log_debug("http: 400 for %.*s %.*s: %s", (int)KVI_MIN(req->input.method.len, 16), req->input.method.base,
+                      (int)KVI_MIN(req->input.path.len, 200), req->input.path.base, why);
+    }
+    kvi_http__send_error(r, 400, "%s", why);
+}
+
 /* ---- dispatch ---- */
 
 int kvi_http__on_req(h2o_handler_t *self, h2o_req_t *req)
@@ -566,9 +752,17 @@ int kvi_http__on_req(h2o_handler_t *self, h2o_req_t *req)
     struct kvi_http_server *s = ((struct handler_ext *)self)->srv;
     struct worker *w = worker_of_ctx(req->conn->ctx);
     uint64_t t0 = kvi_now_ns();
+    h2o_iovec_t target = req->input.path, rpath;
+    const char *why = req->version < 0x200 && !upgraded_to_h2(req) ? framing_problem(req) : NULL;
+    if (why == NULL)
+        why = target_problem(target, &rpath);
+    if (why != NULL) {
+        reject(w, req, t0, why);
+        return 0;
+    }
     unsigned m = method_bit(req->method);
-    const char *path = req->path_normalized.base;
-    size_t plen = req->path_normalized.len;
+    const char *path = rpath.base; /* as received; equal to h2o's normalised path once checked */
+    size_t plen = rpath.len;
     const struct route *seen = NULL;
     int ri = -1;
 
@@ -635,9 +829,9 @@ int kvi_http__on_req(h2o_handler_t *self, h2o_req_t *req)
         .route = ri,
         ._h2o = req,
     };
-    if (req->query_at != SIZE_MAX && req->query_at < req->path.len) {
-        view.query.p = req->path.base + req->query_at + 1;
-        view.query.len = req->path.len - req->query_at - 1;
+    if (plen < target.len) {
+        view.query.p = target.base + plen + 1;
+        view.query.len = target.len - plen - 1;
     }
     rt->fn(&view, r, rt->ud);
     if (r->state == R_NONE)

@@ -768,6 +768,7 @@ void kvi_http_server_stats(const struct kvi_http_server *s, struct kvi_http_stat
             counters_add(&out->all, &w->ctr[r]);
         counters_add(&out->unmatched, &w->ctr[s->nroutes]);
         out->in_flight += atomic_load_explicit(&w->in_flight, memory_order_relaxed);
+        out->rejected += atomic_load_explicit(&w->rejected, memory_order_relaxed);
         out->listeners += atomic_load_explicit(&w->listening, memory_order_relaxed);
     }
 }

@@ -15,12 +15,33 @@
  * kvi_http_defer / kvi_http_complete.
  *
  * Errors. Every error this layer produces is JSON `{"error":"..."}` with
- * `Content-Type: application/json`: 404 unknown path, 405 wrong method (with
- * `Allow`), 413 body over the limit, 401 admin routes without the token, 500
- * a handler that did not answer, 503 a deferred request still pending when
- * shutdown's grace period ran out, and h2o's own 400/413 for malformed or
- * oversize HTTP/1.1 bodies. Handlers answer their own 400/415/422 with
+ * `Content-Type: application/json`: 400 bad input (below), 404 unknown
+ * path, 405 wrong method (with `Allow`), 413 body over the limit, 401 admin
+ * routes without the token, 500 a handler that did not answer, 503 a
+ * deferred request still pending when shutdown's grace period ran out, and
+ * h2o's own 400/413 for malformed or oversize HTTP/1.1 bodies. Handlers answer their own 400/415/422 with
  * kvi_http_error.
+ *
+ * Bad input (checked before routing; 400 `{"error":"..."}`, counted in
+ * stats.rejected and stats.unmatched, logged at debug once per connection).
+ * Over HTTP/1.x the connection is closed after the answer (`Connection:
+ * close`): what follows the head cannot be trusted to start a request.
+ *   - HTTP/1.x framing, from the raw head (h2o 2.2.5 drops these headers and
+ *     would frame by chunked / the first Content-Length): Content-Length
+ *     together with Transfer-Encoding; more than one Content-Length line
+ *     (identical values too); more than one Transfer-Encoding line;
+ *     Transfer-Encoding in HTTP/1.0; a folded header line (obs-fold). h2o
+ *     has read the body by its own framing first (within the body limit
+ *     and T); the request is never dispatched. Not checked for the request
+ *     of an `Upgrade: h2c` (h2o has answered 101 and the connection is
+ *     framed by HTTP/2 from then on).
+ *   - The target, for every version: routing is on the path exactly as
+ *     received (h2o's decoding of %XX and resolving of dot segments is not
+ *     used), and a target that is not origin-form (absolute-form, `*`,
+ *     authority-form), a path (before '?') with a '%', or a `.` or `..`
+ *     segment is refused. The query is the handler's business. Empty
+ *     segments (`//hello`) are not refused: they match no route (404).
+ *   h2o answers what it cannot parse itself (400, connection closed).
  *
  * Timeouts (options.idle_timeout_ms, T). An HTTP/1.1 request must arrive
  * whole (headers and body) within T of its first byte, and a kept-alive
@@ -100,7 +121,7 @@ enum {
 struct kvi_http_req {
     unsigned method;                   /* one KVI_HTTP_* bit */
     struct kvi_http_str method_name;   /* as sent, e.g. "POST" */
-    struct kvi_http_str path;          /* normalised path, without the query */
+    struct kvi_http_str path;          /* path as received (see Bad input), without the query */
     struct kvi_http_str query;         /* after '?', without it; {NULL,0} if none */
     struct kvi_http_str content_type;  /* {NULL,0} when absent */
     struct kvi_http_str accept;        /* {NULL,0} when absent */
@@ -374,6 +395,7 @@ struct kvi_http_stats {
     uint64_t conns_accepted;
     uint64_t conns_rejected; /* over max_connections */
     uint64_t in_flight;      /* dispatched requests not yet finished */
+    uint64_t rejected;       /* 400s for ambiguous framing or a refused target (see Bad input); also in unmatched */
     unsigned listeners;      /* listening sockets still open */
 };
 

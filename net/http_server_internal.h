@@ -88,6 +88,7 @@ struct worker {
     struct ctr *ctr;         /* nroutes + 1 (the last: unmatched) */
     _Atomic uint64_t in_flight;
     _Atomic unsigned listening;
+    _Atomic uint64_t rejected; /* refused by the framing and target rules (loop thread writes) */
 };
 
 /* One accepted connection (loop thread only). */
@@ -99,6 +100,7 @@ struct conn {
     unsigned inflight;
     uint64_t idle_since; /* loop clock (ms) when inflight last became 0, or the accept */
     bool shut;
+    bool reject_logged;  /* a refused request was logged: once per connection is enough */
 };
 
 struct handler_ext {

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -279,6 +280,7 @@ struct reqspec {
     const char *cafile;
     uint16_t port;
     size_t abort_after; /* the client stops reading after this many bytes; 0: never */
+    bool path_as_is;    /* send the path unchanged (curl squashes dot segments otherwise) */
 };
 
 static size_t on_body(char *p, size_t sz, size_t n, void *ud)
@@ -362,6 +364,8 @@ static void fetch(const struct reqspec *q, struct resp *r)
         curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
         curl_easy_setopt(c, CURLOPT_PRIVATE, resolve);
     }
+    if (q->path_as_is)
+        curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
     if (q->method != NULL)
         curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, q->method);
     if (q->method != NULL && strcmp(q->method, "HEAD") == 0)
@@ -1056,6 +1060,255 @@ static void test_counters(void **state)
     assert_int_equal(kvi_http_route_stats(g_srv, r_small, &after), 0);
 }
 
+/* ---- HTTP/1.1 framing and request targets (issue 18, item 7) ---- */
+
+/* A raw TCP connection to the shared server; reads give up after 5 s. */
+static int raw_connect(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(g_port), .sin_addr.s_addr = htonl(0x7f000001)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* Send all of @p s in one write where the kernel allows (one segment on loopback). */
+static void raw_send(int fd, const char *s, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = send(fd, s, n, MSG_NOSIGNAL);
+        assert_true(k > 0);
+        s += k;
+        n -= (size_t)k;
+    }
+}
+
+/*
+ * Read until the server closes the connection or 5 s pass without a byte.
+ * @return bytes read into @p buf (NUL-terminated); *closed tells whether the
+ *         server closed (end-of-file, or a reset after its answer).
+ */
+static size_t raw_read_to_close(int fd, char *buf, size_t cap, bool *closed)
+{
+    size_t n = 0;
+    *closed = false;
+    for (;;) {
+        ssize_t k = recv(fd, buf + n, cap - 1 - n, 0);
+        if (k > 0) {
+            n += (size_t)k;
+            if (n == cap - 1)
+                break;
+            continue;
+        }
+        if (k < 0 && errno == EINTR)
+            continue;
+        *closed = k == 0 || errno == ECONNRESET;
+        break;
+    }
+    buf[n] = '\0';
+    return n;
+}
+
+/* Bytes of the whole responses (head and Content-Length body) at the start of @p buf, up to @p count. */
+static size_t raw_whole(const char *buf, size_t n, int count)
+{
+    size_t at = 0;
+    for (int k = 0; k < count; k++) {
+        const char *end = strstr(buf + at, "\r\n\r\n");
+        if (end == NULL)
+            return 0;
+        const char *cl = strcasestr(buf + at, "\r\ncontent-length:");
+        size_t want = (size_t)(end + 4 - buf) + (cl != NULL && cl < end ? strtoull(cl + 17, NULL, 10) : 0);
+        if (n < want)
+            return 0;
+        at = want;
+    }
+    return at;
+}
+
+/* Read @p count whole responses into @p buf (NUL-terminated) without waiting for a close. */
+static size_t raw_read_n(int fd, char *buf, size_t cap, int count)
+{
+    size_t n = 0;
+    for (;;) {
+        buf[n] = '\0';
+        if (raw_whole(buf, n, count) != 0 || n == cap - 1)
+            return n;
+        ssize_t k = recv(fd, buf + n, cap - 1 - n, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return n;
+        n += (size_t)k;
+    }
+}
+
+/* How many status lines @p buf holds (anywhere: a body may run into the next answer). */
+static int raw_count_responses(const char *buf)
+{
+    int n = 0;
+    for (const char *p = buf; (p = strstr(p, "HTTP/1.1 ")) != NULL; p += 9)
+        n++;
+    return n;
+}
+
+static int raw_status(const char *buf)
+{
+    return strncmp(buf, "HTTP/1.1 ", 9) == 0 ? atoi(buf + 9) : -1;
+}
+
+static const char *raw_body(const char *buf)
+{
+    const char *end = strstr(buf, "\r\n\r\n");
+    return end != NULL ? end + 4 : "";
+}
+
+static uint64_t rejected_now(void)
+{
+    struct kvi_http_stats st;
+    kvi_http_server_stats(g_srv, &st);
+    return st.rejected;
+}
+
+/*
+ * Send @p req on a fresh connection and expect exactly one answer: 400 with
+ * a JSON error naming @p why and `Connection: close`, then the close.
+ */
+static void expect_400_close(const char *req, size_t len, const char *why)
+{
+    char buf[8192];
+    bool closed;
+    int fd = raw_connect();
+    raw_send(fd, req, len);
+    raw_read_to_close(fd, buf, sizeof buf, &closed);
+    close(fd);
+    if (raw_count_responses(buf) != 1 || raw_status(buf) != 400 || !closed)
+        print_error("request:\n%s\nanswer (closed=%d):\n%s\n", req, closed, buf);
+    assert_int_equal(raw_count_responses(buf), 1);
+    assert_int_equal(raw_status(buf), 400);
+    assert_non_null(strcasestr(buf, "\r\nconnection: close\r\n"));
+    assert_non_null(strcasestr(buf, "\r\ncontent-type: application/json\r\n"));
+    assert_true(strncmp(raw_body(buf), "{\"error\":\"", 10) == 0);
+    assert_non_null(strstr(raw_body(buf), why));
+    assert_true(closed);
+}
+
+#define EXPECT_400_CLOSE(lit, why) expect_400_close(lit, sizeof(lit) - 1, why)
+
+static void test_framing_rejected(void **state)
+{
+    uint64_t r0 = rejected_now();
+    /* Content-Length and Transfer-Encoding together, either order: h2o reads it chunked. */
+    EXPECT_400_CLOSE("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     "0\r\n\r\n",
+                     "Content-Length and Transfer-Encoding");
+    EXPECT_400_CLOSE("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\ncontent-length: 3\r\n\r\n"
+                     "3\r\nabc\r\n0\r\n\r\n",
+                     "Content-Length and Transfer-Encoding");
+    /* Two Content-Length values, 0 then 38: the 38-byte body is a whole
+     * request that h2o (first value wins) would have served as the next one. */
+    EXPECT_400_CLOSE("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 38\r\n"
+                     "Content-Type: application/json\r\n\r\n"
+                     "GET /hello HTTP/1.1\r\nHost: xxxxxxx\r\n\r\n",
+                     "Content-Length");
+    /* Identical duplicates are refused too (RFC 9110 8.6 allows either). */
+    EXPECT_400_CLOSE("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
+                     "Content-Length");
+    /* Transfer-Encoding twice (h2o reads only the last). */
+    EXPECT_400_CLOSE("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     "3\r\nabc\r\n0\r\n\r\n",
+                     "Transfer-Encoding");
+    /* Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1). */
+    EXPECT_400_CLOSE("POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+                     "Transfer-Encoding");
+    /* A header folded onto the next line (obs-fold). */
+    EXPECT_400_CLOSE("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nX-Folded: a\r\n b\r\n\r\nabc",
+                     "folded");
+    assert_int_equal(rejected_now() - r0, 7);
+}
+
+static void test_target_rejected(void **state)
+{
+    uint64_t r0 = rejected_now();
+    /* Percent-encoding anywhere in the path: h2o decoded %68 to reach /hello. */
+    EXPECT_400_CLOSE("GET /%68ello HTTP/1.1\r\nHost: x\r\n\r\n", "percent");
+    EXPECT_400_CLOSE("GET /hello%2F HTTP/1.1\r\nHost: x\r\n\r\n", "percent");
+    EXPECT_400_CLOSE("GET /hel%zzlo HTTP/1.1\r\nHost: x\r\n\r\n", "percent");
+    /* Dot segments: h2o resolved them to reach /hello. */
+    EXPECT_400_CLOSE("GET /x/../hello HTTP/1.1\r\nHost: x\r\n\r\n", "dot segment");
+    EXPECT_400_CLOSE("GET /./hello HTTP/1.1\r\nHost: x\r\n\r\n", "dot segment");
+    EXPECT_400_CLOSE("GET /hello/.. HTTP/1.1\r\nHost: x\r\n\r\n", "dot segment");
+    EXPECT_400_CLOSE("GET /hello/.?a=b HTTP/1.1\r\nHost: x\r\n\r\n", "dot segment");
+    /* Absolute-form, asterisk-form and authority-form targets. */
+    EXPECT_400_CLOSE("GET http://127.0.0.1/hello HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "origin-form");
+    EXPECT_400_CLOSE("OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", "origin-form");
+    EXPECT_400_CLOSE("CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: x\r\n\r\n", "origin-form");
+    assert_int_equal(rejected_now() - r0, 10);
+
+    /* HTTP/2: the same path rules, answered on the stream. */
+    const char *bad[] = {"/%68ello", "/x/../hello", "/hello/."};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct resp r;
+        struct reqspec q = {.path = bad[i], .httpver = CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE, .path_as_is = true};
+        fetch(&q, &r);
+        assert_int_equal(r.rc, CURLE_OK);
+        assert_int_equal(r.version, CURL_HTTP_VERSION_2_0);
+        assert_int_equal(r.status, 400);
+        assert_true(is_json_error(&r));
+        resp_free(&r);
+    }
+    assert_int_equal(rejected_now() - r0, 13);
+}
+
+static void test_target_allowed(void **state)
+{
+    char buf[8192];
+    uint64_t r0 = rejected_now();
+    int fd = raw_connect();
+    /* A plain request, then a query string (where '%' and dots are the handler's business) on the same connection. */
+    const char a[] = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
+    raw_send(fd, a, sizeof a - 1);
+    raw_read_n(fd, buf, sizeof buf, 1);
+    assert_int_equal(raw_status(buf), 200);
+    assert_non_null(strcasestr(buf, "\r\nconnection: keep-alive\r\n"));
+    const char b[] = "GET /view?model_name=m%2F..&x=/../y HTTP/1.1\r\nHost: x\r\n\r\n";
+    raw_send(fd, b, sizeof b - 1);
+    raw_read_n(fd, buf, sizeof buf, 1);
+    assert_int_equal(raw_status(buf), 200);
+    assert_non_null(strstr(raw_body(buf), "method=GET path=/view query=model_name=m%2F..&x=/../y "));
+    /* Two pipelined requests in one write, a body by Content-Length and one chunked. */
+    const char c[] = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+                     "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nde\r\n0\r\n\r\n";
+    raw_send(fd, c, sizeof c - 1);
+    raw_read_n(fd, buf, sizeof buf, 2);
+    assert_int_equal(raw_whole(buf, strlen(buf), 2), strlen(buf));
+    size_t first = raw_whole(buf, strlen(buf), 1);
+    assert_int_equal(raw_status(buf), 201);
+    assert_memory_equal(buf + first - 3, "abc", 3);
+    assert_int_equal(raw_status(buf + first), 201);
+    assert_string_equal(raw_body(buf + first), "de");
+    /* Dots inside a segment are no dot segments. */
+    const char d[] = "GET /.well-known/x..y HTTP/1.1\r\nHost: x\r\n\r\n";
+    raw_send(fd, d, sizeof d - 1);
+    raw_read_n(fd, buf, sizeof buf, 1);
+    assert_int_equal(raw_status(buf), 404);
+    close(fd);
+    /* An empty segment is routed as received, not squashed: no route. */
+    struct resp r;
+    struct reqspec q = {.path = "//hello", .path_as_is = true};
+    fetch(&q, &r);
+    assert_int_equal(r.status, 404);
+    resp_free(&r);
+    q = (struct reqspec){.path = "/view?a=%41", .httpver = CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE};
+    fetch(&q, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr((char *)r.body, "path=/view query=a=%41 "));
+    resp_free(&r);
+    assert_int_equal(rejected_now() - r0, 0);
+}
+
 /* ---- graceful stop ---- */
 
 struct stopper {
@@ -1244,6 +1497,9 @@ int main(void)
         cmocka_unit_test(test_concurrent_clients),
         cmocka_unit_test(test_idle_connections),
         cmocka_unit_test(test_counters),
+        cmocka_unit_test(test_framing_rejected),
+        cmocka_unit_test(test_target_rejected),
+        cmocka_unit_test(test_target_allowed),
         cmocka_unit_test(test_tls_alpn),
         cmocka_unit_test(test_stop_graceful),
         cmocka_unit_test(test_stop_forced),
