@@ -164,6 +164,12 @@ int kvi_err_method(struct kvi_api_err *e);
 int kvi_err_too_large(struct kvi_api_err *e, size_t limit);
 /** 500 with a message. @return -EINVAL. */
 int kvi_err_internal(struct kvi_api_err *e, const char *msg);
+/**
+ * 429 "too many models: {limit} namespaces (model x tenant) exist, the most
+ * --max-models allows; a registration may not create another" (kvidx: bounds
+ * the index's memory; Dynamo answers it as JSON, Conductor as text).
+ */
+int kvi_err_too_many_models(struct kvi_api_err *e, size_t limit);
 
 /**
  * Check a ZMQ endpoint (http-api.md §1.1) with net/endpoint.h's rules:
@@ -293,6 +299,18 @@ int kvi_dyn_err_listener_not_found(struct kvi_api_err *e, uint64_t id, uint32_t 
 /** 409 "listener for instance {id} dp_rank {r} is {status}: not pausable|not resumable". */
 int kvi_dyn_err_listener_state(struct kvi_api_err *e, uint64_t id, uint32_t rank,
                                const char *status, bool pausing);
+/**
+ * 503 "instance {id} dp_rank {r} not registered: its listener failed: {why}"
+ * (kvidx: a listener whose socket could not even be set up, e.g. at the
+ * descriptor limit; nothing stays registered).
+ */
+int kvi_dyn_err_listener_failed(struct kvi_api_err *e, uint64_t id, uint32_t rank, const char *why);
+/**
+ * 422 "Failed to deserialize the JSON body into the target type: {field}:
+ * {detail}" without a position (kvidx: a name the index cannot key, such as
+ * an empty model_name or one with a NUL character).
+ */
+int kvi_dyn_err_bad_name(struct kvi_api_err *e, const char *field, const char *detail);
 
 /* ---- Dynamo dialect: responses ---------------------------------------------- */
 

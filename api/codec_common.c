@@ -331,6 +331,14 @@ int kvi_err_internal(struct kvi_api_err *e, const char *msg)
     return kvi_err__set(e, 500, NULL, NULL, -1, "%s", msg);
 }
 
+int kvi_err_too_many_models(struct kvi_api_err *e, size_t limit)
+{
+    return kvi_err__set(e, 429, NULL, NULL, -1,
+                        "too many models: %zu namespaces (model x tenant) exist, the most --max-models allows; "
+                        "a registration may not create another",
+                        limit);
+}
+
 /* ---- endpoints ---------------------------------------------------------------------- */
 
 bool kvi_endpoint_valid(const char *s, size_t len, const char **why)
@@ -507,6 +515,9 @@ static int parse_str_field(struct kvi_pctx *c, const struct kvi_field *f, struct
     }
     if (kvi_rd_str(&c->rd, dst) != 0)
         return body_err(c);
+    if ((f->flags & KVI_FF_NONEMPTY) && dst->len == 0 && c->d == KVI_DIALECT_DYNAMO)
+        return dyn_data_err(c, kvi_rd_offset(&c->rd), f->name,
+                            "invalid value: string \"\", expected a non-empty string");
     if ((f->flags & KVI_FF_NONEMPTY) && dst->len == 0)
         return cond_err(c, "invalid_value", f->name, -1, "%s must be a non-empty string", f->name);
     return 0;

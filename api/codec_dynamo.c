@@ -20,7 +20,8 @@
 static const struct kvi_field reg_fields[] = {
     F("instance_id", KVI_FK_U64, KVI_FF_REQ, 0, struct kvi_dyn_register, instance_id),
     F("endpoint", KVI_FK_STR, KVI_FF_REQ, 1, struct kvi_dyn_register, endpoint),
-    F("model_name", KVI_FK_STR, KVI_FF_REQ, 2, struct kvi_dyn_register, model_name),
+    /* non-empty: the index keys namespaces by model (an empty one was a bare 500) */
+    F("model_name", KVI_FK_STR, KVI_FF_REQ | KVI_FF_NONEMPTY, 2, struct kvi_dyn_register, model_name),
     F("block_size", KVI_FK_U32_NZ, KVI_FF_REQ, 3, struct kvi_dyn_register, block_size),
     F("tenant_id", KVI_FK_STR, KVI_FF_NULL, 4, struct kvi_dyn_register, tenant_id),
     F("dp_rank", KVI_FK_U32, KVI_FF_NULL, 5, struct kvi_dyn_register, dp_rank),
@@ -306,6 +307,18 @@ int kvi_dyn_err_listener_state(struct kvi_api_err *e, uint64_t id, uint32_t rank
     return kvi_err__set(e, 409, NULL, NULL, -1, "listener for instance %llu dp_rank %u is %s: %s",
                         (unsigned long long)id, rank, status,
                         pausing ? "not pausable" : "not resumable");
+}
+
+int kvi_dyn_err_listener_failed(struct kvi_api_err *e, uint64_t id, uint32_t rank, const char *why)
+{
+    return kvi_err__set(e, 503, NULL, NULL, -1, "instance %llu dp_rank %u not registered: its listener failed: %.300s",
+                        (unsigned long long)id, rank, why);
+}
+
+int kvi_dyn_err_bad_name(struct kvi_api_err *e, const char *field, const char *detail)
+{
+    return kvi_err__set(e, 422, NULL, NULL, -1,
+                        "Failed to deserialize the JSON body into the target type: %s: %s", field, detail);
 }
 
 /* ---- responses ---------------------------------------------------------------------- */

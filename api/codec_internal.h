@@ -280,7 +280,7 @@ enum kvi_fk {
 };
 
 #define KVI_FF_REQ 1u      /* required */
-#define KVI_FF_NONEMPTY 2u /* Conductor: a string must not be empty */
+#define KVI_FF_NONEMPTY 2u /* a string must not be empty (Conductor 400, Dynamo 422) */
 #define KVI_FF_NULL 4u     /* null is accepted and means absent */
 
 struct kvi_field {

@@ -77,6 +77,7 @@ struct opts {
     long listener_threads;
     long replay_timeout_ms;
     long max_dp_ranks;
+    long max_models; /* namespaces (model x tenant) registrations may create */
     long block_size;
     const char *workers;
     const char *model_name;
@@ -130,6 +131,8 @@ static void usage(FILE *f)
             "  --replay-timeout-ms N  give up a replay after N ms without progress (default 5000)\n"
             "  --max-dp-ranks N       distinct dp ranks one registration's batches may name (default 1024);\n"
             "                         batches of further ranks are dropped and counted\n"
+            "  --max-models N         namespaces (model x tenant) that may exist (default 1024); a registration\n"
+            "                         that would create another answers 429\n"
             "  --body-limit BYTES     request body limit of every route but /query (default 2097152)\n"
             "  --query-body-limit BYTES  body limit of /query (default 8388608 = 8 MiB)\n"
             "  --tls-cert FILE        PEM certificate chain: serve HTTPS (HTTP/2 via ALPN) ...\n"
@@ -224,7 +227,7 @@ static int min_initial_workers(uint64_t *out)
 
 enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
-    O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN, O_ALLOW_REMOTE_ADMIN, O_DATA_TOKEN,
+    O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_MAX_MODELS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN, O_ALLOW_REMOTE_ADMIN, O_DATA_TOKEN,
     O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_PORT_FILE, O_HELP, O_VERSION,
     O_DEMO, O_DEMO_TRACE, O_DEMO_WORKERS,
 };
@@ -245,6 +248,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"listener-threads", required_argument, NULL, O_LISTENER_THREADS},
         {"replay-timeout-ms", required_argument, NULL, O_REPLAY_TIMEOUT},
         {"max-dp-ranks", required_argument, NULL, O_MAX_DP_RANKS},
+        {"max-models", required_argument, NULL, O_MAX_MODELS},
         {"body-limit", required_argument, NULL, O_BODY_LIMIT},
         {"query-body-limit", required_argument, NULL, O_QUERY_LIMIT},
         {"tls-cert", required_argument, NULL, O_TLS_CERT},
@@ -282,6 +286,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             rc = parse_long("--replay-timeout-ms", optarg, 1, 3600000, &o->replay_timeout_ms);
             break;
         case O_MAX_DP_RANKS: rc = parse_long("--max-dp-ranks", optarg, 1, 1048576, &o->max_dp_ranks); break;
+        case O_MAX_MODELS: rc = parse_long("--max-models", optarg, 1, 1048576, &o->max_models); break;
         case O_BLOCK_SIZE: rc = parse_long("--block-size", optarg, 1, UINT32_MAX, &o->block_size); break;
         case O_WORKERS: o->workers = optarg; break;
         case O_MODEL: o->model_name = optarg; break;
@@ -370,6 +375,7 @@ int main(int argc, char **argv)
         .recovery_timeout_ms = KVI_SVC_DEFAULT_RECOVERY_TIMEOUT_MS,
         .idle_timeout_ms = 60000,
         .max_connections = 16384,
+        .max_models = KVI_SVC_DEFAULT_MAX_MODELS,
     };
     struct kvi_slot_service_config slot_cfg; /* the slot-tracker flags leave argv here */
     if (kvi_slot_service_args(&argc, argv, &slot_cfg) != 0 || parse_opts(argc, argv, &o) != 0)
@@ -465,6 +471,7 @@ int main(int argc, char **argv)
         .recovery_delay_ms = (uint32_t)o.recovery_delay_ms,
         .recovery_timeout_ms = (uint32_t)o.recovery_timeout_ms,
         .listeners_quiet = false, /* listener lines go through kvi_log: --log-level filters them */
+        .max_models = (uint32_t)o.max_models,
     };
     struct kvi_service *svc = kvi_service_create(&sc);
     if (svc == NULL) {

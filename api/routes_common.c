@@ -11,12 +11,14 @@
 
 #include "engine/common.h"
 #include "engine/rcu.h"
+#include "net/log.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
 void kvi_routes_send(struct kvi_http_res *res, int status, const char *ctype, const struct kvi_buf *b)
 {
     if (!kvi_buf_ok(b)) {
+        kvi_log_error("out of memory encoding an answer of status %d", status); /* every 500 is logged */
         kvi_http_error(res, 500, "out of memory");
         return;
     }
@@ -67,6 +69,7 @@ void kvi_routes_complete(struct kvi_ctl_req *c, int rc, int status, const struct
         return;
     }
     if (!kvi_buf_ok(b)) {
+        kvi_log_error("out of memory encoding an answer of status %d", status); /* every 500 is logged */
         kvi_http_complete_error(c->d, 500, "out of memory");
         return;
     }

@@ -12,6 +12,7 @@
 #include "engine/common.h"
 #include "engine/hash.h"
 #include "engine/rcu.h"
+#include "net/log.h"
 
 static int cmp_tm(const void *a, const void *b)
 {
@@ -120,6 +121,7 @@ size_t kvi_routes_cond_query(struct kvi_routes *rt, struct kvi_route_thread *t, 
         len = kvi_cond_encode_query_to(t->rows, n_rows, bs, tenant, KVI_COND_SHAPE_AUTO, enc, body);
     kvi_rcu_read_unlock(); /* row names live in the roster: encoded above */
     if (body == NULL) {
+        kvi_log_error("out of memory answering %.*s", (int)req->path.len, req->path.p); /* every 500 is logged */
         kvi_http_error(res, 500, "out of memory");
         return n;
     }
@@ -153,6 +155,7 @@ void kvi_routes_cond_ctl(struct kvi_service *svc, struct kvi_ctl_req *c)
         if (rc == 0)
             kvi_cond_encode_unregistered(&key, 1, c->enc, &out);
     } else {
+        kvi_log_error("unexpected control route %d", (int)c->route);
         rc = kvi_err_internal(&err, "unexpected control route");
     }
     kvi_routes_complete(c, rc, 200, &err, &out);

@@ -54,6 +54,7 @@ size_t kvi_routes_dyn_query(struct kvi_routes *rt, struct kvi_route_thread *t, c
     char *m = kvi_scratch_strdup(&t->scratch, model.p, model.len);
     char *tn = kvi_scratch_strdup(&t->scratch, tenant.p, tenant.len);
     if (m == NULL || tn == NULL) {
+        kvi_log_error("out of memory answering %.*s", (int)req->path.len, req->path.p); /* every 500 is logged */
         kvi_http_error(res, 500, "out of memory");
         return 0;
     }
@@ -86,6 +87,7 @@ size_t kvi_routes_dyn_query(struct kvi_routes *rt, struct kvi_route_thread *t, c
         len = kvi_dyn_encode_scores_to(t->rows, n_rows, bs, KVI_SCORE_FULL, enc, body);
     kvi_rcu_read_unlock(); /* rows name instances through index memory: encoded above */
     if (body == NULL) {
+        kvi_log_error("out of memory answering %.*s", (int)req->path.len, req->path.p); /* every 500 is logged */
         kvi_http_error(res, 500, "out of memory");
         return n;
     }
@@ -128,6 +130,7 @@ void kvi_routes_dyn_ctl(struct kvi_service *svc, struct kvi_ctl_req *c)
         break;
     }
     default:
+        kvi_log_error("unexpected control route %d", (int)c->route);
         rc = kvi_err_internal(&err, "unexpected control route");
         break;
     }

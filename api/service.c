@@ -201,6 +201,8 @@ struct kvi_service *kvi_service_create(const struct kvi_service_config *cfg)
         svc->cfg.writer_threads = KVI_SVC_DEFAULT_WRITERS;
     if (svc->cfg.recovery_timeout_ms == 0)
         svc->cfg.recovery_timeout_ms = KVI_SVC_DEFAULT_RECOVERY_TIMEOUT_MS;
+    if (svc->cfg.max_models == 0)
+        svc->cfg.max_models = KVI_SVC_DEFAULT_MAX_MODELS;
     if (svc->cfg.writer_threads > KVI_WRITER_MAX) {
         free(svc);
         errno = EINVAL;
@@ -494,10 +496,20 @@ static struct svc_nsrec *nsrec_find(struct kvi_service *svc, const struct kvi_ns
     return NULL;
 }
 
-/* Find or create (model, tenant) with block size bs; *created when new. NULL: errno. */
+/*
+ * Find or create (model, tenant) with block size bs; *created when new. NULL:
+ * errno, ENOSPC when creating it would pass --max-models (logged: the
+ * operator must see a client being refused, or raise the flag).
+ */
 static struct kvi_ns *ns_get(struct kvi_service *svc, const char *model, const char *tenant, uint32_t bs,
                              bool *created)
 {
+    if (svc->n_nsr >= svc->cfg.max_models && kvi_nsreg_find(svc->nsreg, model, tenant) == NULL) {
+        kvi_log_warn("namespace %s:%s not created: %" PRIu32 " exist, the most --max-models allows", model, tenant,
+                     svc->cfg.max_models);
+        errno = ENOSPC;
+        return NULL;
+    }
     struct kvi_ns *ns = NULL;
     int rc = kvi_nsreg_add(svc->nsreg, model, tenant, bs, &ns);
     if (rc < 0) {
@@ -847,9 +859,40 @@ static int listener_err(int rc, const struct kvi_listener_spec *spec, uint64_t i
     return kvi_err_internal(err, "listener registration failed");
 }
 
+/*
+ * Whether the listener just registered under @p key failed while its thread set
+ * it up (kvi_listeners_register waits for that): no socket at the descriptor
+ * limit (EMFILE), an endpoint ZMQ refuses at once (an ipc path too long). Such
+ * a listener never reads, so a registration must not answer success for it
+ * (issue 18 item 8): it is unregistered and its last_error copied to @p why.
+ */
+static bool listener_failed_at_once(struct kvi_service *svc, const struct kvi_listener_key *key, char *why,
+                                    size_t cap)
+{
+    struct kvi_listener_info *info = kvi_xmalloc(sizeof *info);
+    bool failed = kvi_listeners_get(svc->listeners, key, info) == 0 && info->state == KVI_LISTENER_FAILED;
+    if (failed) {
+        snprintf(why, cap, "%s", info->last_error[0] ? info->last_error : "unknown error");
+        kvi_listeners_unregister(svc->listeners, key);
+    }
+    free(info);
+    return failed;
+}
+
+/* Whether a name from a request holds a NUL byte: names are C strings from here on (sdup would cut them). */
+static bool has_nul(struct kvi_str s)
+{
+    return s.len > 0 && memchr(s.p, '\0', s.len) != NULL;
+}
+
+/*
+ * @param undo_failed  answer 503 and keep nothing when the listener fails at
+ *                     once (/register); false for --workers, whose failed
+ *                     listener stays listed (and resumable) as before
+ */
 static int dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str model, struct kvi_str tenant,
                         uint32_t bs, uint32_t rank, struct kvi_str ep, struct kvi_str replay, bool has_replay,
-                        struct kvi_api_err *err)
+                        bool undo_failed, struct kvi_api_err *err)
 {
     struct svc_worker *w = worker_find(svc, id);
     if (w != NULL && (!kvi_str_eq(model, w->ns->model) || !kvi_str_eq(tenant, w->ns->tenant)))
@@ -868,7 +911,8 @@ static int dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str mod
     bool created = false;
     ns = ns_get(svc, m, t, bs, &created);
     if (ns == NULL) {
-        rc = kvi_err_internal(err, "cannot create the namespace");
+        rc = errno == ENOSPC ? kvi_err_too_many_models(err, svc->cfg.max_models)
+                             : kvi_err_internal(err, "cannot create the namespace");
         goto out;
     }
     int64_t dense = kvi_index_intern_instance(ns->ix, id, NULL, false);
@@ -889,6 +933,14 @@ static int dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str mod
     int lrc = kvi_listeners_register(svc->listeners, &spec);
     if (lrc != 0) {
         rc = listener_err(lrc, &spec, id, err);
+        free(e);
+        free(r);
+        goto undo_ns;
+    }
+    char why[KVI_LISTEN_ERR_MAX];
+    struct kvi_listener_key key = {ns->ix, id, NULL, rank};
+    if (undo_failed && listener_failed_at_once(svc, &key, why, sizeof why)) {
+        rc = kvi_dyn_err_listener_failed(err, id, rank, why);
         free(e);
         free(r);
         goto undo_ns;
@@ -921,6 +973,9 @@ undo_ns:
     if (created)
         kvi_service_ctl_ns_drop_unused(svc, ns);
 out:
+    if (rc != 0 && err->status >= 500) /* not the client's fault: the operator must see it */
+        kvi_log_error("registration of instance %" PRIu64 " dp_rank %" PRIu32 " for %s:%s failed (%d): %s", id, rank,
+                      m, t, err->status, err->msg);
     free(m);
     free(t);
     return rc;
@@ -928,8 +983,13 @@ out:
 
 int kvi_service_ctl_dyn_register(struct kvi_service *svc, const struct kvi_dyn_register *r, struct kvi_api_err *err)
 {
+    static const char nul[] = "invalid value: a string with a NUL character, expected a name without one";
+    if (has_nul(r->model_name))
+        return kvi_dyn_err_bad_name(err, "model_name", nul);
+    if (has_nul(r->tenant_id))
+        return kvi_dyn_err_bad_name(err, "tenant_id", nul);
     return dyn_register(svc, r->instance_id, r->model_name, r->tenant_id, r->block_size, r->dp_rank, r->endpoint,
-                        r->replay_endpoint, r->has_replay, err);
+                        r->replay_endpoint, r->has_replay, true, err);
 }
 
 static void dyn_unregister_rank(struct kvi_service *svc, struct svc_worker *w, uint32_t rank)
@@ -1001,8 +1061,11 @@ int kvi_service_ctl_listener(struct kvi_service *svc, const struct kvi_dyn_liste
         free(info);
         return rc;
     }
-    if (rc != 0)
+    if (rc != 0) {
+        kvi_log_error("%s listener of instance %" PRIu64 " dp_rank %" PRIu32 " failed: %s",
+                      pause ? "pausing" : "resuming", r->instance_id, r->dp_rank, strerror(-rc));
         return kvi_err_internal(err, "listener control failed");
+    }
     kvi_log_info("%s listener of instance %" PRIu64 " dp_rank %" PRIu32, pause ? "paused" : "resumed",
                  r->instance_id, r->dp_rank);
     return 0;
@@ -1372,6 +1435,20 @@ int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond
 {
     /* A Mooncake storage master may come without an instance id: it is named by its endpoint. */
     struct kvi_str inst = r->has_instance ? r->instance_id : r->endpoint;
+    static const char *const names[] = {"modelname", "tenant_id", "instance_id", "lora_name"};
+    const struct kvi_str vals[] = {r->model_name, r->tenant_id, r->has_instance ? r->instance_id : (struct kvi_str){0},
+                                   r->lora_name};
+    for (size_t i = 0; i < KVI_ARRAY_LEN(names); i++) {
+        if (!has_nul(vals[i]))
+            continue;
+        err->status = 400; /* the parser's own shape for a bad field (§2.8) */
+        err->reason = "invalid_value";
+        snprintf(err->_field, sizeof err->_field, "%s", names[i]);
+        err->field = err->_field;
+        err->index = -1;
+        snprintf(err->msg, sizeof err->msg, "%s must not contain a NUL character", names[i]);
+        return -EINVAL;
+    }
     struct svc_cond *old = cond_find_key(svc, inst, r->tenant_id, r->dp_rank);
     if (old != NULL) {
         if (cond_same(old, r))
@@ -1406,7 +1483,8 @@ int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond
     int rc = 0;
     c.ns = cond_ns(svc, c.model, c.tenant, c.block_size, &created);
     if (c.ns == NULL) {
-        rc = kvi_err_internal(err, "cannot create the namespace");
+        rc = errno == ENOSPC ? kvi_err_too_many_models(err, svc->cfg.max_models)
+                             : kvi_err_internal(err, "cannot create the namespace");
         goto fail;
     }
     int64_t dense = kvi_index_intern_instance(c.ns->ix, 0, c.instance, c.type == KVI_COND_MOONCAKE);
@@ -1425,6 +1503,14 @@ int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond
     };
     rwm_seed_spec(svc, &spec, c.dense);
     int lrc = kvi_listeners_register(svc->listeners, &spec);
+    char failed[KVI_LISTEN_ERR_MAX];
+    struct kvi_listener_key key = {c.ns->ix, 0, c.instance, c.dp_rank};
+    if (lrc == 0 && listener_failed_at_once(svc, &key, failed, sizeof failed)) {
+        /* Conductor's answer when its ZMQ client cannot start (http-api.md §2): 500 text */
+        rc = kvi_err_internal(err, "");
+        snprintf(err->msg, sizeof err->msg, "Failed to subscribe: failed to start ZMQ client: %s", failed);
+        goto fail_ns;
+    }
     if (lrc != 0) {
         if (lrc == -EEXIST) {
             rc = kvi_cond_err_conflict(err, inst, r->tenant_id, r->dp_rank);
@@ -1460,6 +1546,9 @@ fail_ns:
     if (created)
         kvi_service_ctl_ns_drop_unused(svc, c.ns);
 fail:
+    if (err->status >= 500) /* not the client's fault: the operator must see it */
+        kvi_log_error("registration of %s|%s|%" PRIu32 " for model %s failed (%d): %s", c.instance, c.tenant,
+                      c.dp_rank, c.model, err->status, err->msg);
     free_cond(&c);
     return rc;
 }
@@ -1650,7 +1739,7 @@ static void svc_startup(struct kvi_service *svc, void *arg)
         struct kvi_api_err err;
         struct kvi_str none = {NULL, 0};
         if (dyn_register(svc, ws->instance_id, zstr(svc->model_name), zstr(svc->tenant_id), svc->cfg.block_size,
-                         ws->dp_rank, zstr(ws->endpoint), none, false, &err) != 0)
+                         ws->dp_rank, zstr(ws->endpoint), none, false, false, &err) != 0)
             kvi_log_error("--workers entry %" PRIu64 ":%" PRIu32 "=%s: %s", ws->instance_id, ws->dp_rank,
                           ws->endpoint, err.msg);
     }

@@ -92,6 +92,7 @@
 #define KVI_SVC_DEFAULT_WRITERS 4
 #define KVI_SVC_DEFAULT_RECOVERY_DELAY_MS 1000
 #define KVI_SVC_DEFAULT_RECOVERY_TIMEOUT_MS 10000
+#define KVI_SVC_DEFAULT_MAX_MODELS 1024
 
 struct kvi_service_config {
     uint32_t writer_threads;      /* partitions per index = writer threads; 0 = 4 */
@@ -111,6 +112,9 @@ struct kvi_service_config {
     uint32_t recovery_delay_ms;   /* wait before fetching; 0 = none (see create) */
     uint32_t recovery_timeout_ms; /* per peer fetch; 0 = KVI_SVC_DEFAULT_RECOVERY_TIMEOUT_MS */
     bool listeners_quiet;         /* listener pool prints no warnings */
+    /* --max-models: namespaces (model x tenant) that may exist; a registration past it is
+     * refused (429), so clients cannot grow the index without bound; 0 = KVI_SVC_DEFAULT_MAX_MODELS */
+    uint32_t max_models;
 };
 
 /** P2P recovery outcome (/status "recovery"). */
@@ -291,7 +295,10 @@ int kvi_service_dump(struct kvi_service *svc, kvi_dump_sink_fn sink, kvi_dump_do
 
 /**
  * POST /register, Dynamo (§1.5). @return 0 (201), or -EINVAL with @p err
- * filled: 400 bad endpoint, 409 with the §1.5 texts, 500.
+ * filled: 400 bad endpoint, 409 with the §1.5 texts, 422 an empty
+ * model_name or one (or a tenant_id) with a NUL, 429 a new namespace past
+ * --max-models, 503 a listener that failed while it was set up (no socket:
+ * the descriptor limit; nothing stays registered), 500 (logged).
  */
 int kvi_service_ctl_dyn_register(struct kvi_service *svc, const struct kvi_dyn_register *r,
                                  struct kvi_api_err *err);
@@ -301,7 +308,13 @@ int kvi_service_ctl_dyn_unregister(struct kvi_service *svc, const struct kvi_dyn
 /** /test/pause_listener (pause) or /test/resume_listener (§1.14). @return 0 or -EINVAL (404, 409). */
 int kvi_service_ctl_listener(struct kvi_service *svc, const struct kvi_dyn_listener_ctl *r, bool pause,
                              struct kvi_api_err *err);
-/** POST /register, Conductor (§2.2). @return 0 (200), or -EINVAL with err (400, 500). */
+/**
+ * POST /register, Conductor (§2.2). @return 0 (200), or -EINVAL with err:
+ * 400 (a name with a NUL included: invalid_value and the field), 429 text (a
+ * new namespace past --max-models), 500 (logged; `Failed to subscribe: ...`
+ * for a listener that failed while it was set up, which then stays
+ * unregistered).
+ */
 int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond_register *r,
                                   struct kvi_api_err *err);
 /**
