@@ -87,6 +87,20 @@ static inline void *kvi_xrealloc_(void *old, size_t n, const char *file, int lin
 #define kvi_xcalloc(n, sz) kvi_xcalloc_((n), (sz), __FILE__, __LINE__)
 #define kvi_xrealloc(p, n) kvi_xrealloc_((p), (n), __FILE__, __LINE__)
 
+/** Index of the first element of the ascending @p a[0..n) that is >= @p v (n if none). */
+static inline uint32_t kvi_lower_bound_u32(const uint32_t *a, uint32_t n, uint32_t v)
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Busy-wait hint for spin loops (PAUSE on x86: yields the pipeline to the
  * sibling hyperthread and avoids a memory-order flush when the loop exits). */
 static inline void kvi_cpu_relax(void)

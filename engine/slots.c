@@ -332,14 +332,7 @@ static uint32_t *hs_refs(struct shs *h)
 /* Position of @p slot in @p h, or -1. */
 static int64_t hs_find(const struct shs *h, uint32_t slot)
 {
-    uint32_t lo = 0, hi = h->n;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (h->id[mid] < slot)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    uint32_t lo = kvi_lower_bound_u32(h->id, h->n, slot);
     return lo < h->n && h->id[lo] == slot ? (int64_t)lo : -1;
 }
 

@@ -516,14 +516,7 @@ static bool admit_rank(struct listener *l, uint32_t r)
 {
     if (r == l->dp_rank)
         return true;
-    uint32_t lo = 0, hi = l->n_ranks;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (l->ranks[mid] < r)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    uint32_t lo = kvi_lower_bound_u32(l->ranks, l->n_ranks, r);
     if (lo < l->n_ranks && l->ranks[lo] == r)
         return true;
     /* relaxed: a setting read on its own (kvi_listeners_set_max_ranks) */

@@ -200,7 +200,28 @@ static void test_stop_while_recovering(void **state)
         fail_msg("exit took %lld ms", (long long)ms);
 }
 
-/* HTTPS with HTTP/2 over ALPN (a throw-away self-signed certificate from the openssl tool). */
+/* GET @p url (certificate not verified) with HTTP version @p version into *r. @return curl's code. */
+static CURLcode get_insecure(const char *url, long version, struct kfx_resp *r)
+{
+    memset(r, 0, sizeof *r);
+    r->body = calloc(1, 1);
+    CURL *h = curl_easy_init();
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION, version);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kfx_on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+    CURLcode cc = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_easy_getinfo(h, CURLINFO_HTTP_VERSION, &r->version);
+    curl_easy_cleanup(h);
+    return cc;
+}
+
+/* HTTPS with HTTP/2 over ALPN (a throw-away self-signed certificate from the openssl tool), on both ports. */
 static void test_tls(void **state)
 {
     (void)state;
@@ -219,49 +240,23 @@ static void test_tls(void **state)
     struct kfx_daemon d, sv;
     const char *args[] = {"--tls-cert", cert, "--tls-key", key, NULL};
     kfx_start_slots(&d, &sv, args, NULL);
+    char url[128];
+    struct kfx_resp r;
+    /* the slot port speaks TLS too (its bearer tokens never travel in clear), and no plaintext */
+    snprintf(url, sizeof url, "https://127.0.0.1:%u/health", sv.port);
+    CURLcode cc = get_insecure(url, CURL_HTTP_VERSION_1_1, &r);
+    if (cc != CURLE_OK || r.status != 200)
+        fail_msg("https slot port: curl %d, status %ld", (int)cc, r.status);
+    kfx_resp_free(&r);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/health", sv.port);
+    if (get_insecure(url, CURL_HTTP_VERSION_1_1, &r) == CURLE_OK && r.status == 200)
+        fail_msg("the slot port answered plaintext HTTP");
+    kfx_resp_free(&r);
     long versions[2] = {CURL_HTTP_VERSION_2TLS, CURL_HTTP_VERSION_1_1};
     long want[2] = {CURL_HTTP_VERSION_2_0, CURL_HTTP_VERSION_1_1};
-    /* the slot port speaks TLS too (its bearer tokens never travel in clear), and no plaintext */
+    snprintf(url, sizeof url, "https://127.0.0.1:%u/ready", d.port);
     for (int i = 0; i < 2; i++) {
-        struct kfx_resp r = {0};
-        r.body = calloc(1, 1);
-        char url[128];
-        snprintf(url, sizeof url, "%s://127.0.0.1:%u/health", i == 0 ? "https" : "http", sv.port);
-        CURL *h = curl_easy_init();
-        curl_easy_setopt(h, CURLOPT_URL, url);
-        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
-        curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
-        curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
-        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kfx_on_body);
-        curl_easy_setopt(h, CURLOPT_WRITEDATA, &r);
-        CURLcode cc = curl_easy_perform(h);
-        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
-        curl_easy_cleanup(h);
-        if (i == 0 && (cc != CURLE_OK || r.status != 200))
-            fail_msg("https slot port: curl %d, status %ld", (int)cc, r.status);
-        if (i == 1 && cc == CURLE_OK && r.status == 200)
-            fail_msg("the slot port answered plaintext HTTP");
-        kfx_resp_free(&r);
-    }
-    for (int i = 0; i < 2; i++) {
-        struct kfx_resp r = {0};
-        r.body = calloc(1, 1);
-        char url[128];
-        snprintf(url, sizeof url, "https://127.0.0.1:%u/ready", d.port);
-        CURL *h = curl_easy_init();
-        curl_easy_setopt(h, CURLOPT_URL, url);
-        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
-        curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
-        curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
-        curl_easy_setopt(h, CURLOPT_HTTP_VERSION, versions[i]);
-        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kfx_on_body);
-        curl_easy_setopt(h, CURLOPT_WRITEDATA, &r);
-        assert_int_equal(curl_easy_perform(h), CURLE_OK);
-        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
-        curl_easy_getinfo(h, CURLINFO_HTTP_VERSION, &r.version);
-        curl_easy_cleanup(h);
+        assert_int_equal(get_insecure(url, versions[i], &r), CURLE_OK);
         assert_int_equal(r.status, 200);
         assert_int_equal(r.version, want[i]);
         assert_string_equal(r.body, "{\"ready\":true,\"reason\":\"ready\"}");
