@@ -193,6 +193,30 @@ static inline uint32_t tab_find_t(const struct tab_ctx *c, const struct kvi_tabl
     }
 }
 
+/* tab_find_t for the prefix-key and seq tables, keeping depths apart: the
+ * entry under key at position pos, or NONE. Prefixes of different depths
+ * may share a key (2^-64 for prefix keys; for seq hashes whenever a
+ * publisher sends one at two depths: they are the publisher's), and each is
+ * then found at its own depth. Reader (also used by the writer). */
+static inline uint32_t tab_find_at_t(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key, uint32_t tag,
+                                     uint32_t pos)
+{
+    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_acquire); /* R3 */
+    if (t == NULL)
+        return KVI_NONE;
+    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
+        uint32_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_acquire); /* R1 */
+        if (s == 0)
+            return KVI_NONE;
+        if (tab_slot_may_be(s, tag)) {
+            bool ok;
+            uint32_t idx = s & KVI_TAB_IDX;
+            if (tab_key_of(c, idx, &ok) == key && ok && kvi__entry(c->p, idx)->pos == pos)
+                return idx;
+        }
+    }
+}
+
 static inline uint32_t tab_find(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key)
 {
     return tab_find_t(c, tb, key, kind_tag(c->ix, c->kind, key));

@@ -135,11 +135,8 @@ static inline const struct kvi_entry *entry_at(const struct kvi_index *ix, const
                                                enum tab_kind kind, uint64_t key, uint32_t t)
 {
     struct tab_ctx c = {ix, p, kind, 0};
-    uint32_t idx = tab_find(&c, kind == TAB_KEY ? &p->ktab : &p->stab, key);
-    if (idx == KVI_NONE)
-        return NULL;
-    const struct kvi_entry *e = kvi__entry(p, idx);
-    return e->pos == t ? e : NULL;
+    uint32_t idx = tab_find_at_t(&c, kind == TAB_KEY ? &p->ktab : &p->stab, key, kind_tag(ix, kind, key), t);
+    return idx == KVI_NONE ? NULL : kvi__entry(p, idx);
 }
 
 /*

@@ -834,9 +834,10 @@ static int tab_check(const struct tab_ctx *c, const struct kvi_table *tb, const 
                 snprintf(why, len, "%s slot %u (entry %u): free slot %u between it and its home", name, j, idx, h);
                 return -1;
             }
-        if (tab_find_t(c, tb, key, tag) != idx) {
-            snprintf(why, len, "%s slot %u: its key finds entry %u, not %u", name, j, tab_find_t(c, tb, key, tag),
-                     idx);
+        uint32_t found = c->kind == TAB_MAP ? tab_find_t(c, tb, key, tag)
+                                            : tab_find_at_t(c, tb, key, tag, kvi__entry(c->p, idx)->pos);
+        if (found != idx) {
+            snprintf(why, len, "%s slot %u: its key finds entry %u, not %u", name, j, found, idx);
             return -1;
         }
     }

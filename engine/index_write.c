@@ -447,11 +447,10 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         bool known = r->b != NULL || pos == 0; /* content known */
         uint64_t content = r->b != NULL ? r->b[i].content_hash : pos == 0 ? sq : 0;
         struct tab_ctx fc = {ix, p, son ? TAB_SEQ : TAB_KEY, 0};
-        uint32_t idx = son ? tab_find_t(&fc, &p->stab, sq, st[i])
+        /* (a key shared across depths names one entry per depth) */
+        uint32_t idx = son ? tab_find_at_t(&fc, &p->stab, sq, st[i], pos)
                        : prev_new ? KVI_NONE
-                                  : tab_find_t(&fc, &p->ktab, k, kt[i]);
-        if (idx != KVI_NONE && kvi__entry(p, idx)->pos != pos)
-            idx = KVI_NONE; /* 2^-64 collision across depths: keep them apart */
+                                  : tab_find_at_t(&fc, &p->ktab, k, kt[i], pos);
         if (idx == KVI_NONE) {
             bool stand_in = (seq_only && i == 0) || !known;
             idx = entry_new(ix, p, k, kt[i], sq, son ? st[i] : 0, content,
