@@ -18,6 +18,10 @@ layout is described at the top of its tests/fuzz/fuzz_<target>.c:
   endpoint  an endpoint and --workers value
   dump      1 byte (chunking mode, callback stops) then a /dump body, in the
             shapes of tests/api/dump_test.c and http-api.md §1.11
+  ingest    2 selector bytes (target, rank, skip_tiers, fresh; group,
+            pub_applied) then a decode seed: each decoder fixture twice, on a
+            fresh target whose block size its events use (a Mooncake-style
+            target for RFC 1527 events) and on another target and options
 
 Findings are not written here: they go to tests/fuzz/regressions/<target>/
 (see README.md, "Fuzzing"). Usage:
@@ -364,10 +368,45 @@ def dump_seeds():
 
 
 # ---------------------------------------------------------------------------
+# ingest
+# ---------------------------------------------------------------------------
+
+# tests/fuzz/fuzz_ingest.c: targets by index block size (numeric instance,
+# second numeric instance, Mooncake-style string instance)
+INGEST_BY_BS = {1: (0, 0, 0), 2: (1, 1, 1), 4: (2, 3, 4), 16: (5, 6, 7)}
+INGEST_FRESH = 0x80
+
+
+def ingest_seeds():
+    """Each decode fixture behind two selector pairs. The fixture's .expect
+    file names the block sizes and families of its events."""
+    seeds = {}
+    fixtures = sorted(glob.glob(os.path.join(ROOT, "tests", "net", "fixtures", "decode", "*.bin")))
+    for i, path in enumerate(fixtures):
+        name = os.path.basename(path)[:-4]
+        with open(path, "rb") as f:
+            frame = f.read()
+        expect = ""
+        if os.path.exists(path[:-4] + ".expect"):
+            with open(path[:-4] + ".expect") as f:
+                expect = f.read()
+        sizes = [int(x) for x in re.findall(r"block_size=(\d+)", expect)]
+        bs = next((x for x in sizes if x in INGEST_BY_BS), 4)
+        rfc = "family=rfc1527" in expect
+        first = INGEST_BY_BS[bs][2 if rfc else 0]
+        seeds[name + "_fresh"] = bytes([first | INGEST_FRESH, 0]) + frame
+        # then on rotating targets, ranks, skip_tiers, groups and pub_applied
+        other = INGEST_BY_BS[bs][1 + i % 2]
+        seeds[name + "_opts"] = bytes([other | (i % 4) << 3 | (i // 4 % 4) << 5,
+                                       (i // 2) % 8]) + frame
+    return seeds
+
+
+# ---------------------------------------------------------------------------
 
 def all_seeds():
     out = {"decode": {}, "codec": codec_seeds(), "slots": slots_seeds(),
-           "endpoint": endpoint_seeds(), "dump": dump_seeds()}
+           "endpoint": endpoint_seeds(), "dump": dump_seeds(), "ingest": ingest_seeds()}
     for path in sorted(glob.glob(os.path.join(ROOT, "tests", "net", "fixtures", "decode", "*.bin"))):
         with open(path, "rb") as f:
             out["decode"][os.path.basename(path)[:-4]] = f.read()
