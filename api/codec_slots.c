@@ -244,6 +244,156 @@ int kvi_slot_parse_filter(const char *query, size_t len, struct kvi_scratch *s,
     return 0;
 }
 
+/* The value of query parameter @p name (raw, not percent-decoded), or NULL. */
+static const char *query_param(const char *q, size_t len, const char *name, size_t *vlen)
+{
+    size_t nl = strlen(name);
+    while (len > 0) {
+        const char *amp = memchr(q, '&', len);
+        size_t part = amp ? (size_t)(amp - q) : len;
+        if (part > nl && memcmp(q, name, nl) == 0 && q[nl] == '=') {
+            *vlen = part - nl - 1;
+            return q + nl + 1;
+        }
+        if (amp == NULL)
+            break;
+        q = amp + 1;
+        len -= part + 1;
+    }
+    return NULL;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Decode the hex field [p, p + n) into scratch. @return 0, -EINVAL or -ENOMEM. */
+static int unhex(const char *p, size_t n, struct kvi_scratch *s, const char **out, size_t *out_len)
+{
+    if (n % 2 != 0)
+        return -EINVAL;
+    char *d = kvi_scratch_alloc(s, n / 2 + 1);
+    if (d == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i += 2) {
+        int a = hexval(p[i]), b = hexval(p[i + 1]);
+        if (a < 0 || b < 0)
+            return -EINVAL;
+        d[i / 2] = (char)(a << 4 | b);
+    }
+    d[n / 2] = '\0';
+    *out = d;
+    *out_len = n / 2;
+    return 0;
+}
+
+/* A decimal u64 of [p, p + n) at most @p max. */
+static bool dec_u64(const char *p, size_t n, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (n == 0 || n > 20)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return false;
+        unsigned d = (unsigned)(p[i] - '0');
+        if (v > (max - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return true;
+}
+
+int kvi_slot_parse_page(const char *query, size_t len, struct kvi_scratch *s, size_t max_limit,
+                        struct kvi_slot_page *out, struct kvi_api_err *err)
+{
+    memset(out, 0, sizeof(*out));
+    out->limit = max_limit;
+    size_t vl;
+    const char *v = query_param(query, len, "limit", &vl);
+    if (v != NULL) {
+        uint64_t x;
+        if (!dec_u64(v, vl, UINT64_MAX, &x) || x == 0)
+            return kvi_err__set(err, 400, NULL, NULL, -1,
+                                "invalid query parameter limit: expected an integer >= 1");
+        out->explicit_limit = true;
+        out->limit = x < max_limit ? (size_t)x : max_limit;
+    }
+    v = query_param(query, len, "cursor", &vl);
+    if (v == NULL)
+        return 0;
+    /* <hex model>.<hex tenant>.<worker_id>.<dp_rank> */
+    const char *f[4];
+    size_t fl[4];
+    size_t k = 0;
+    const char *p = v, *end = v + vl;
+    while (k < 4) {
+        const char *dot = k < 3 ? memchr(p, '.', (size_t)(end - p)) : NULL;
+        const char *e = dot != NULL ? dot : end;
+        if (k < 3 && dot == NULL)
+            break;
+        f[k] = p;
+        fl[k++] = (size_t)(e - p);
+        p = e + 1;
+    }
+    uint64_t w, r;
+    int rc = -EINVAL;
+    if (k == 4 && (rc = unhex(f[0], fl[0], s, &out->after.key.model, &out->after.key.model_len)) == 0 &&
+        (rc = unhex(f[1], fl[1], s, &out->after.key.tenant, &out->after.key.tenant_len)) == 0 &&
+        dec_u64(f[2], fl[2], UINT64_MAX, &w) && dec_u64(f[3], fl[3], UINT32_MAX, &r)) {
+        out->after.worker_id = w;
+        out->after.dp_rank = (uint32_t)r;
+        out->has_after = true;
+        return 0;
+    }
+    if (rc == -ENOMEM)
+        return kvi_err__set(err, 500, NULL, NULL, -1, "out of memory while parsing the query string");
+    return kvi_err__set(err, 400, NULL, NULL, -1,
+                        "invalid query parameter cursor: expected the X-Kvidx-Next-Cursor value of "
+                        "a previous /loads answer");
+}
+
+size_t kvi_slot_loads_fit(const struct kvi_slots_load *l, size_t n, size_t max_bytes)
+{
+    size_t used = 2, i = 0; /* [] */
+    for (; i < n; i++) {
+        /* worst case: every name byte escaped as \u00XX; keys, six u64 and punctuation */
+        size_t one = 6 * (l[i].model_len + l[i].tenant_len) + 192;
+        if (i > 0 && used + one > max_bytes)
+            break;
+        used += one;
+    }
+    return i;
+}
+
+int kvi_slot_encode_cursor(const struct kvi_slots_load *last, struct kvi_buf *out)
+{
+    static const char hx[] = "0123456789abcdef";
+    const char *str[2] = {last->model, last->tenant};
+    size_t n[2] = {last->model_len, last->tenant_len};
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < n[k]; i++) {
+            unsigned char c = (unsigned char)str[k][i];
+            kvi_buf_putc(out, hx[c >> 4]);
+            kvi_buf_putc(out, hx[c & 15]);
+        }
+        kvi_buf_putc(out, '.');
+    }
+    kvi_buf_put_u64(out, last->worker_id);
+    kvi_buf_putc(out, '.');
+    kvi_buf_put_u64(out, last->dp_rank);
+    kvi_buf_putc(out, '\0');
+    return kvi_buf_ok(out) ? 0 : -ENOMEM;
+}
+
 int kvi_slot_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
                         struct kvi_str *url, struct kvi_api_err *err)
 {
@@ -492,6 +642,15 @@ int kvi_slot_err_engine(struct kvi_api_err *e, const struct kvi_slots_err *why,
                             "too many ranks for model=%.*s tenant=%.*s: %u registered, dp_size=%u, "
                             "limit %u",
                             SK(m, ml), SK(t, tl), why->ranks, why->dp_size, why->max_ranks);
+    case KVI_SLOTS_E_TOO_MANY_TRACKERS:
+        return kvi_err__set(e, 429, NULL, NULL, -1,
+                            "too many models: %u slot trackers (model x tenant) exist, the most "
+                            "--slot-max-models allows; model=%.*s tenant=%.*s not created",
+                            why->trackers, SK(m, ml), SK(t, tl));
+    case KVI_SLOTS_E_DP_SIZE_LIMIT:
+        return kvi_err__set(e, 400, NULL, NULL, -1,
+                            "dp_size %u exceeds the limit %u (--slot-max-dp-size)", why->dp_size,
+                            why->max_dp_size);
     case KVI_SLOTS_OK:
         break;
     }

@@ -14,7 +14,8 @@
  *   | POST /add              | kvi_slot_parse_add                  | 201 {"status":"ok"}|
  *   | POST /prefill_complete | kvi_slot_parse_lifecycle            | 200 {"status":"ok"}|
  *   | POST /free             | kvi_slot_parse_lifecycle            | 200 {"status":"ok"}|
- *   | GET  /loads            | kvi_slot_parse_filter, _encode_loads | 200 [...] sorted  |
+ *   | GET  /loads            | kvi_slot_parse_filter, _parse_page, | 200 [...] sorted,  |
+ *   |                        | _loads_fit, _encode_loads, _cursor  | paged (kvidx)      |
  *   | POST /potential_loads  | kvi_slot_parse_potential, _encode_potential | 200 [...]  |
  *   | POST /register_peer    | kvi_slot_parse_peer                 | 201 new, 200 known (handler) |
  *   | POST /deregister_peer  | kvi_slot_parse_peer                 | 200; 404 kvi_slot_err_peer_not_found |
@@ -131,6 +132,47 @@ int kvi_slot_parse_potential(const void *body, size_t len, enum kvi_ctype ct,
 int kvi_slot_parse_filter(const char *query, size_t len, struct kvi_scratch *s,
                           struct kvi_slots_key *out, struct kvi_api_err *err);
 
+/** Default and largest ranks in one GET /loads answer (--slot-loads-page). */
+#define KVI_SLOT_LOADS_PAGE 16384u
+/** Estimated bytes one GET /loads answer may reach before it is cut (kvi_slot_loads_fit). */
+#define KVI_SLOT_LOADS_MAX_BYTES (8u << 20)
+/** The response header that carries the next page's cursor. */
+#define KVI_SLOT_CURSOR_HEADER "X-Kvidx-Next-Cursor"
+
+/** GET /loads paging (kvidx extension; the reference answers every rank at once). */
+struct kvi_slot_page {
+    size_t limit;        /* ranks in this answer: min(limit parameter, the page bound) */
+    bool explicit_limit; /* a limit parameter was given */
+    bool has_after;      /* a cursor was given: start after @p after */
+    struct kvi_slots_load_pos after;
+};
+
+/**
+ * GET /loads paging parameters of the query string (raw, not
+ * percent-decoded; other parameters ignored): limit (a decimal integer >= 1,
+ * lowered to @p max_limit; absent: @p max_limit) and cursor (the
+ * KVI_SLOT_CURSOR_HEADER value of the previous answer:
+ * <hex model>.<hex tenant>.<worker_id>.<dp_rank>, lowercase or uppercase
+ * hex). Strings of @p out point into @p s.
+ * @return 0, -EINVAL (400 "invalid query parameter limit: ..." or
+ *         "... cursor: ..."), -ENOMEM (500).
+ */
+int kvi_slot_parse_page(const char *query, size_t len, struct kvi_scratch *s, size_t max_limit,
+                        struct kvi_slot_page *out, struct kvi_api_err *err);
+
+/**
+ * How many of the first @p n loads fit an answer of @p max_bytes, counting
+ * each entry at its worst-case size (every name byte escaped). At least 1
+ * when @p n > 0.
+ */
+size_t kvi_slot_loads_fit(const struct kvi_slots_load *l, size_t n, size_t max_bytes);
+
+/**
+ * The cursor that resumes a /loads listing after @p last, NUL-terminated
+ * (the NUL is counted in out->len). @return 0 or -ENOMEM.
+ */
+int kvi_slot_encode_cursor(const struct kvi_slots_load *last, struct kvi_buf *out);
+
 /** POST /register_peer and /deregister_peer: {"url": "..."}. Returns as above. */
 int kvi_slot_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
                         struct kvi_str *url, struct kvi_api_err *err);
@@ -169,6 +211,9 @@ int kvi_slot_parse_replica(const void *body, size_t len, enum kvi_ctype ct, stru
  *   404 "Request {rid} not found"
  *   400 "too many ranks for model={m} tenant={t}: {n} registered, dp_size={d}, limit {max}"
  *       (kvidx's guard, engine/slots.h KVI_SLOTS_MAX_RANKS; not in the reference)
+ *   400 "dp_size {d} exceeds the limit {max} (--slot-max-dp-size)"  (kvidx's guard)
+ *   429 "too many models: {n} slot trackers (model x tenant) exist, the most
+ *       --slot-max-models allows; model={m} tenant={t} not created"  (kvidx's guard)
  * @param key         the request's (model, tenant)
  * @param request_id  the request id (lifecycle routes), or NULL
  * @return -EINVAL.

@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <stdalign.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "api/slot_service.h"
 #include "engine/common.h"
 #include "engine/rcu.h"
+#include "net/log.h"
 
 #define MIME_PROM "text/plain; version=0.0.4"
 #define OK_BODY "{\"status\":\"ok\"}"
@@ -58,6 +60,7 @@ struct kvi_slot_routes {
     bool test_endpoints;
     struct slot_thread *threads;
     struct route_ud *uds;
+    _Atomic uint64_t loads_paged; /* /loads answers cut to a page (more followed) */
 };
 
 /* ---- answers ------------------------------------------------------------------------------------- */
@@ -160,6 +163,9 @@ static void run_write(struct kvi_slot_service *s, struct kvi_slot_job *j, bool s
     }
     if (rc != 0)
         kvi_slot_err_engine(&e, &why, &w->r.key, w->r.request_id, w->r.request_id_len);
+    if (why.why == KVI_SLOTS_E_TOO_MANY_TRACKERS || why.why == KVI_SLOTS_E_DP_SIZE_LIMIT ||
+        why.why == KVI_SLOTS_E_TOO_MANY_RANKS) /* a limit, not a client's typo: say so (admin route) */
+        kvi_log_warn("slot tracker: /register of worker %" PRIu64 " refused: %s", w->r.worker_id, e.msg);
     complete(w->d, rc, status, &e);
     free(w);
 }
@@ -308,17 +314,39 @@ static void h_loads(struct kvi_slot_routes *rt, struct slot_thread *t, const str
         send_err(res, t, &e);
         return;
     }
-    const struct kvi_slots *sl = kvi_slot_service_slots(rt->s);
-    kvi_buf_reset(&t->out);
-    kvi_rcu_read_lock();
-    size_t n;
-    while ((n = kvi_slots_loads(sl, &f, t->l, t->l_cap)) > t->l_cap) {
-        t->l_cap = n + n / 2;
+    /* kvidx paging: at most one page (--slot-loads-page ranks, worst case 8 MiB) per answer; when more
+     * follow, the header KVI_SLOT_CURSOR_HEADER names where the next answer (?cursor=) starts */
+    struct kvi_slot_page pg;
+    if (kvi_slot_parse_page(req->query.p, req->query.len, &t->scratch, kvi_slot_service_loads_page(rt->s), &pg,
+                            &e) != 0) {
+        send_err(res, t, &e);
+        return;
+    }
+    if (t->l_cap < pg.limit + 1) {
+        t->l_cap = pg.limit + 1;
         free(t->l);
         t->l = kvi_xmalloc(t->l_cap * sizeof(*t->l));
     }
-    kvi_slot_encode_loads(t->l, n, &t->out);
+    const struct kvi_slots *sl = kvi_slot_service_slots(rt->s);
+    kvi_buf_reset(&t->out);
+    struct kvi_buf cur = {0};
+    kvi_rcu_read_lock();
+    size_t n = kvi_slots_loads_page(sl, &f, pg.has_after ? &pg.after : NULL, t->l, pg.limit + 1);
+    size_t fit = kvi_slot_loads_fit(t->l, n < pg.limit ? n : pg.limit, KVI_SLOT_LOADS_MAX_BYTES);
+    if (fit < n)
+        kvi_slot_encode_cursor(&t->l[fit - 1], &cur); /* names point into tracker memory: inside */
+    kvi_slot_encode_loads(t->l, fit, &t->out);
     kvi_rcu_read_unlock();
+    if (fit < n) {
+        if (!kvi_buf_ok(&cur)) {
+            kvi_buf_free(&cur);
+            kvi_http_error(res, 500, "out of memory");
+            return;
+        }
+        kvi_http_add_header(res, KVI_SLOT_CURSOR_HEADER, (const char *)cur.data);
+        atomic_fetch_add_explicit(&rt->loads_paged, 1, memory_order_relaxed);
+    }
+    kvi_buf_free(&cur);
     send_buf(res, 200, KVI_MIME_JSON, &t->out);
 }
 
@@ -565,6 +593,10 @@ static void h_metrics(struct kvi_slot_routes *rt, struct slot_thread *t, const s
     G("replica_peers", "Configured replica peers.", ss.sync_peers);
     C("route_requests", "POST /route answers (indexer port).", ss.route_requests);
     C("route_commits", "POST /route commits that recorded an /add.", ss.route_commits);
+    C("register_refused_models", "/register refused: --slot-max-models trackers exist.", st.refused_trackers);
+    C("register_refused_ranks", "/register refused: --slot-max-dp-size or --slot-max-ranks.", st.refused_ranks);
+    C("loads_paged", "GET /loads answers cut to a page (X-Kvidx-Next-Cursor set).",
+      atomic_load_explicit(&rt->loads_paged, memory_order_relaxed));
 #undef G
 #undef C
     send_buf(res, 200, MIME_PROM, b);

@@ -121,7 +121,22 @@ static int arg_long(const char *flag, const char *v, long min, long max, long *o
     return 0;
 }
 
-enum { A_PORT, A_PORT_FILE, A_THREADS, A_SYNC, A_PEERS, A_ADVERTISE, A_QUEUE, A_BATCH, A_TIMEOUT, A_COUNT };
+enum {
+    A_PORT,
+    A_PORT_FILE,
+    A_THREADS,
+    A_SYNC,
+    A_PEERS,
+    A_ADVERTISE,
+    A_QUEUE,
+    A_BATCH,
+    A_TIMEOUT,
+    A_MAX_MODELS,
+    A_MAX_DP_SIZE,
+    A_MAX_RANKS,
+    A_LOADS_PAGE,
+    A_COUNT
+};
 
 static const struct {
     const char *name;
@@ -136,6 +151,10 @@ static const struct {
     [A_QUEUE] = {"--replica-sync-queue", true},
     [A_BATCH] = {"--replica-sync-batch", true},
     [A_TIMEOUT] = {"--replica-sync-timeout-ms", true},
+    [A_MAX_MODELS] = {"--slot-max-models", true},
+    [A_MAX_DP_SIZE] = {"--slot-max-dp-size", true},
+    [A_MAX_RANKS] = {"--slot-max-ranks", true},
+    [A_LOADS_PAGE] = {"--slot-loads-page", true},
 };
 
 /* Which flag argv[i] is (0..A_COUNT-1) or -1; *value gets "=value" forms. */
@@ -195,6 +214,22 @@ static int apply_flag(int f, const char *v, struct kvi_slot_service_config *cfg)
         if ((rc = arg_long("--replica-sync-timeout-ms", v, 1, 600000, &x)) == 0)
             cfg->sync_timeout_ms = (uint32_t)x;
         break;
+    case A_MAX_MODELS:
+        if ((rc = arg_long("--slot-max-models", v, 1, 1L << 20, &x)) == 0)
+            cfg->max_models = (uint32_t)x;
+        break;
+    case A_MAX_DP_SIZE:
+        if ((rc = arg_long("--slot-max-dp-size", v, 1, 1L << 20, &x)) == 0)
+            cfg->max_dp_size = (uint32_t)x;
+        break;
+    case A_MAX_RANKS:
+        if ((rc = arg_long("--slot-max-ranks", v, 1, 1L << 20, &x)) == 0)
+            cfg->max_ranks = (uint32_t)x;
+        break;
+    case A_LOADS_PAGE:
+        if ((rc = arg_long("--slot-loads-page", v, 1, 1L << 20, &x)) == 0)
+            cfg->loads_page = (uint32_t)x;
+        break;
     default: break;
     }
     return rc;
@@ -252,6 +287,13 @@ void kvi_slot_service_usage(FILE *f)
             "                         (default 65536)\n"
             "  --replica-sync-batch N events per POST (default 1024)\n"
             "  --replica-sync-timeout-ms N  timeout of one POST to a peer (default 1000)\n"
+            "  --slot-max-models N    slot trackers (model x tenant) that may exist (default 1024);\n"
+            "                         a /register that would create another answers 429\n"
+            "  --slot-max-dp-size N   largest dp_size of one /register (default 1024; 400 past it)\n"
+            "  --slot-max-ranks N     ranks one slot tracker may hold (default 65536; 400 past it)\n"
+            "  --slot-loads-page N    most ranks in one GET /loads answer (default 16384; also cut\n"
+            "                         when it could pass 8 MiB); the rest is paged with ?cursor= (header\n"
+            "                         X-Kvidx-Next-Cursor) and ?limit=\n"
             "  (POST /route on the indexer port joins the index's overlaps with these loads.\n"
             "  DYN_KV_INDEXER_TEST_ENDPOINTS also mounts POST /test/advance_clock and\n"
             "  /test/replica_sender on the slot port: a faster clock and a paused sender, for tests)\n");
@@ -875,6 +917,11 @@ struct kvi_slot_service *kvi_slot_service_create(const struct kvi_slot_service_c
     snprintf(s->replica_hex, sizeof(s->replica_hex), "%016" PRIx64, s->replica_id);
 
     struct kvi_slots_config sc = {0};
+    sc.max_trackers = s->cfg.max_models; /* 0 = the engine's defaults */
+    sc.max_dp_size = s->cfg.max_dp_size;
+    sc.max_ranks = s->cfg.max_ranks;
+    if (s->cfg.loads_page == 0)
+        s->cfg.loads_page = KVI_SLOT_LOADS_PAGE;
     sc.now_ns = slot_clock;
     sc.clock_ctx = s;
     if (s->cfg.sync) {
@@ -951,6 +998,11 @@ int kvi_slot_service_start(struct kvi_slot_service *s)
 uint16_t kvi_slot_service_port(const struct kvi_slot_service *s)
 {
     return s->port;
+}
+
+uint32_t kvi_slot_service_loads_page(const struct kvi_slot_service *s)
+{
+    return s->cfg.loads_page;
 }
 
 void kvi_slot_service_stop(struct kvi_slot_service *s)

@@ -171,6 +171,7 @@ struct kvi_slots {
         _Atomic uint64_t adds, frees, prefill_completes, expired;
         _Atomic uint64_t replica_applied, drop_tracker, drop_block_size, drop_worker,
             drop_duplicate, drop_request, events;
+        _Atomic uint64_t refused_trackers, refused_ranks;
     } st;
 };
 
@@ -836,6 +837,10 @@ struct kvi_slots *kvi_slots_create(const struct kvi_slots_config *cfg)
         s->cfg.stale_after_ns = KVI_SLOTS_STALE_NS;
     if (s->cfg.max_ranks == 0)
         s->cfg.max_ranks = KVI_SLOTS_MAX_RANKS;
+    if (s->cfg.max_trackers == 0)
+        s->cfg.max_trackers = KVI_SLOTS_MAX_TRACKERS;
+    if (s->cfg.max_dp_size == 0)
+        s->cfg.max_dp_size = KVI_SLOTS_MAX_DP_SIZE;
     s->seed = kvi_fmix64(kvi_now_ns() ^ (uint64_t)(uintptr_t)s);
     if (pthread_mutex_init(&s->mu, NULL) != 0) {
         free(s);
@@ -906,6 +911,17 @@ int kvi_slots_register(struct kvi_slots *s, const struct kvi_slots_key *key, uin
         }
         return -EINVAL;
     }
+    if (dp_size > s->cfg.max_dp_size) {
+        set_why(why, KVI_SLOTS_E_DP_SIZE_LIMIT);
+        if (why != NULL) {
+            why->worker_id = worker_id;
+            why->dp_start = dp_start;
+            why->dp_size = dp_size;
+            why->max_dp_size = s->cfg.max_dp_size;
+        }
+        kvi_relaxed_add(&s->st.refused_ranks, 1);
+        return -EINVAL;
+    }
     pthread_mutex_lock(&s->mu);
     struct strk *t = trk_get(s, key);
     uint32_t have = 0;
@@ -940,11 +956,25 @@ int kvi_slots_register(struct kvi_slots *s, const struct kvi_slots_key *key, uin
             why->ranks = have;
             why->max_ranks = s->cfg.max_ranks;
         }
+        kvi_relaxed_add(&s->st.refused_ranks, 1);
         pthread_mutex_unlock(&s->mu);
         return -EINVAL;
     }
-    if (t == NULL)
+    if (t == NULL) {
+        uint32_t n_trk = atomic_load_explicit(&s->trackers, memory_order_relaxed)->n;
+        if (n_trk >= s->cfg.max_trackers) {
+            set_why(why, KVI_SLOTS_E_TOO_MANY_TRACKERS);
+            if (why != NULL) {
+                why->worker_id = worker_id;
+                why->trackers = n_trk;
+                why->max_trackers = s->cfg.max_trackers;
+            }
+            kvi_relaxed_add(&s->st.refused_trackers, 1);
+            pthread_mutex_unlock(&s->mu);
+            return -ENOSPC;
+        }
         t = trk_create(s, key, block_size);
+    }
 
     struct rtab *old = atomic_load_explicit(&t->ranks, memory_order_relaxed);
     bool found;
@@ -1288,6 +1318,59 @@ size_t kvi_slots_loads(const struct kvi_slots *s, const struct kvi_slots_key *fi
     return k;
 }
 
+/* The first tracker position whose key is >= @p k. */
+static uint32_t ttab_lower(const struct ttab *tt, const struct kvi_slots_key *k)
+{
+    bool found;
+    return ttab_pos(tt, k, &found);
+}
+
+/* The first rank position that sorts after (worker_id, dp_rank). */
+static uint32_t rtab_upper(const struct rtab *rt, uint64_t worker_id, uint32_t dp_rank)
+{
+    uint32_t lo = 0, hi = rt->n_ranks;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        const struct srank *r = rt->ranks[mid];
+        if (r->worker_id < worker_id || (r->worker_id == worker_id && r->dp_rank <= dp_rank))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+size_t kvi_slots_loads_page(const struct kvi_slots *s, const struct kvi_slots_key *filter,
+                            const struct kvi_slots_load_pos *after, struct kvi_slots_load *out,
+                            size_t cap)
+{
+    const struct ttab *tt = kvi_rcu_deref(((struct kvi_slots *)s)->trackers);
+    size_t k = 0;
+    uint32_t i = after != NULL ? ttab_lower(tt, &after->key) : 0;
+    for (; i < tt->n && k < cap; i++) {
+        struct strk *t = tt->t[i];
+        if (!trk_matches(t, filter))
+            continue;
+        const struct rtab *rt = kvi_rcu_deref(t->ranks);
+        uint32_t j = 0;
+        if (after != NULL && trk_cmp_key(t, &after->key) == 0)
+            j = rtab_upper(rt, after->worker_id, after->dp_rank);
+        for (; j < rt->n_ranks && k < cap; j++, k++) {
+            const struct srank *r = rt->ranks[j];
+            struct kvi_slots_load *o = &out[k];
+            o->model = t->model;
+            o->model_len = t->model_len;
+            o->tenant = t->tenant;
+            o->tenant_len = t->tenant_len;
+            o->worker_id = r->worker_id;
+            o->dp_rank = r->dp_rank;
+            read_rank(r, &o->active_decode_blocks, &o->active_prefill_tokens,
+                      &o->active_requests);
+        }
+    }
+    return k;
+}
+
 static struct strk *find_reader(const struct kvi_slots *s, const struct kvi_slots_key *key)
 {
     const struct ttab *tt = kvi_rcu_deref(((struct kvi_slots *)s)->trackers);
@@ -1503,5 +1586,7 @@ void kvi_slots_stats(const struct kvi_slots *s, struct kvi_slots_stats *out)
     out->replica_dropped_duplicate = LD(drop_duplicate);
     out->replica_dropped_request = LD(drop_request);
     out->events_emitted = LD(events);
+    out->refused_trackers = LD(refused_trackers);
+    out->refused_ranks = LD(refused_ranks);
 #undef LD
 }

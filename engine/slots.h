@@ -107,7 +107,7 @@
  * ERRORS
  *   int functions return 0 or a negative errno: -ENOENT (not found: 404),
  *   -EEXIST (conflict: 409), -EINVAL (bad input: 400), -ENOSPC (an output
- *   array is too small). Out-of-memory aborts (control plane). When @p why
+ *   array is too small; for register, the tracker cap: 429). Out-of-memory aborts (control plane). When @p why
  *   is not NULL it receives the precise reason and the values the
  *   document's error texts need (api/codec_slots.h turns it into the
  *   answer).
@@ -123,6 +123,10 @@
 #define KVI_SLOTS_STALE_NS (300ull * 1000000000ull)
 /** Default cap on the ranks of one tracker (kvidx's guard; the document has none). */
 #define KVI_SLOTS_MAX_RANKS 65536u
+/** Default cap on the trackers, (model, tenant) pairs (kvidx's guard; the document has none). */
+#define KVI_SLOTS_MAX_TRACKERS 1024u
+/** Default cap on the dp_size of one registration (kvidx's guard; the document has none). */
+#define KVI_SLOTS_MAX_DP_SIZE 1024u
 
 struct kvi_slots;
 
@@ -179,6 +183,8 @@ enum kvi_slots_why {
     KVI_SLOTS_E_DUP_REQUEST,         /* -EEXIST: request id already active in the tracker */
     KVI_SLOTS_E_NO_REQUEST,          /* -ENOENT: prefill_complete of an unknown request */
     KVI_SLOTS_E_TOO_MANY_RANKS,      /* -EINVAL: the tracker would exceed max_ranks */
+    KVI_SLOTS_E_TOO_MANY_TRACKERS,   /* -ENOSPC: a new tracker would exceed max_trackers */
+    KVI_SLOTS_E_DP_SIZE_LIMIT,       /* -EINVAL: dp_size exceeds max_dp_size */
 };
 
 /** Failure details. Fields not named by the reason are left 0. */
@@ -190,6 +196,8 @@ struct kvi_slots_err {
     uint32_t ranks, max_ranks;    /* TOO_MANY_RANKS: ranks registered, the cap */
     uint32_t existing_block_size; /* BLOCK_SIZE_MISMATCH */
     uint32_t requested_block_size;/* BLOCK_SIZE_MISMATCH */
+    uint32_t max_dp_size;         /* DP_SIZE_LIMIT (with dp_start, dp_size) */
+    uint32_t trackers, max_trackers; /* TOO_MANY_TRACKERS: trackers existing, the cap */
 };
 
 /** Construction options; zero-initialise and set what you need. */
@@ -204,6 +212,13 @@ struct kvi_slots_config {
      *  costs a cache line and a slot in every /potential_loads answer, so an
      *  absurd dp_size is refused instead of exhausting memory. */
     uint32_t max_ranks;
+    /** Most trackers ((model, tenant) pairs) that may exist; 0 =
+     *  KVI_SLOTS_MAX_TRACKERS. A tracker costs its rank table (80 bytes per
+     *  rank) and an entry in every unfiltered /loads, so a /register that
+     *  would create one more is refused. */
+    uint32_t max_trackers;
+    /** Largest dp_size of one /register; 0 = KVI_SLOTS_MAX_DP_SIZE. */
+    uint32_t max_dp_size;
     /**
      * Called after every local add, every prefill_complete of an active
      * request and every free that removed a request, in application order,
@@ -276,6 +291,8 @@ struct kvi_slots_stats {
     uint64_t replica_dropped_duplicate; /* add of an active request id */
     uint64_t replica_dropped_request;   /* prefill_complete/free of an unknown request */
     uint64_t events_emitted;            /* on_event calls */
+    uint64_t refused_trackers;          /* registrations refused: TOO_MANY_TRACKERS */
+    uint64_t refused_ranks;             /* registrations refused: DP_SIZE_LIMIT or TOO_MANY_RANKS */
 };
 
 /* ---- lifetime --------------------------------------------------------------------- */
@@ -297,9 +314,11 @@ void kvi_slots_destroy(struct kvi_slots *s);
  * [dp_start, dp_start + dp_size) in the tracker of @p key, creating the
  * tracker with @p block_size when it does not exist. Not inside a read-side
  * section.
- * @return 0 (201), -EINVAL (block_size 0, dp_size 0 or range overflow, checked
- *         in that order before anything else; TOO_MANY_RANKS, checked last),
- *         -EEXIST (BLOCK_SIZE_MISMATCH, then DUP_WORKER).
+ * @return 0 (201), -EINVAL (block_size 0, dp_size 0, range overflow, then
+ *         DP_SIZE_LIMIT, checked in that order before anything else;
+ *         TOO_MANY_RANKS, checked after the conflicts), -EEXIST
+ *         (BLOCK_SIZE_MISMATCH, then DUP_WORKER), -ENOSPC (TOO_MANY_TRACKERS:
+ *         the tracker does not exist and max_trackers do; checked last).
  */
 int kvi_slots_register(struct kvi_slots *s, const struct kvi_slots_key *key, uint64_t worker_id,
                        uint32_t block_size, uint32_t dp_start, uint32_t dp_size,
@@ -392,6 +411,27 @@ size_t kvi_slots_workers(const struct kvi_slots *s, const struct kvi_slots_key *
  */
 size_t kvi_slots_loads(const struct kvi_slots *s, const struct kvi_slots_key *filter,
                        struct kvi_slots_load *out, size_t cap);
+
+/** Where a /loads page starts: after this rank (strings not NUL-terminated). */
+struct kvi_slots_load_pos {
+    struct kvi_slots_key key; /* model and tenant, both non-NULL (may be empty) */
+    uint64_t worker_id;
+    uint32_t dp_rank;
+};
+
+/**
+ * GET /loads, one page: as kvi_slots_loads, but only the ranks that sort
+ * after @p after (NULL: from the first), at most @p cap of them. Costs
+ * O(log(trackers) + log(ranks) + cap) plus one step per tracker skipped by
+ * the filter. Call inside an RCU read-side section; a writer may change the
+ * set between pages (a position, not a snapshot: a rank registered behind
+ * the cursor is not seen, one removed is not repeated).
+ * @return the number written (<= @p cap); ask for one more than the page to
+ *         learn whether another page follows.
+ */
+size_t kvi_slots_loads_page(const struct kvi_slots *s, const struct kvi_slots_key *filter,
+                            const struct kvi_slots_load_pos *after, struct kvi_slots_load *out,
+                            size_t cap);
 
 /**
  * POST /potential_loads: project every rank of the tracker of @p key for a

@@ -351,6 +351,221 @@ static void test_slot_port_switch(void **state)
     unlink(d.logfile);
 }
 
+/* ---- issue 18: bounded models and dp sizes, paged /loads ---------------------------------------------- */
+
+struct hdr_cap {
+    char cursor[512]; /* X-Kvidx-Next-Cursor, "" when absent */
+};
+
+static size_t on_hdr(char *p, size_t sz, size_t nm, void *ud)
+{
+    struct hdr_cap *c = ud;
+    size_t n = sz * nm;
+    static const char name[] = "x-kvidx-next-cursor:";
+    if (n > sizeof(name) - 1 && strncasecmp(p, name, sizeof(name) - 1) == 0) {
+        size_t i = sizeof(name) - 1, e = n;
+        while (i < e && p[i] == ' ')
+            i++;
+        while (e > i && (p[e - 1] == '\r' || p[e - 1] == '\n' || p[e - 1] == ' '))
+            e--;
+        if (e - i >= sizeof(c->cursor))
+            fail_msg("cursor too long");
+        memcpy(c->cursor, p + i, e - i);
+        c->cursor[e - i] = '\0';
+    }
+    return n;
+}
+
+/* GET path; the body in r, the next-page cursor in cursor ("" when none). */
+static long get_page(const struct kfx_daemon *d, const char *path, struct kfx_resp *r, char *cursor, size_t cap)
+{
+    struct hdr_cap c = {{0}};
+    memset(r, 0, sizeof *r);
+    r->body = calloc(1, 1);
+    CURL *h = curl_easy_init();
+    char url[1024];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u%s", d->port, path);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kfx_on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_hdr);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &c);
+    if (curl_easy_perform(h) == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_easy_cleanup(h);
+    snprintf(cursor, cap, "%s", c.cursor);
+    return r->status;
+}
+
+/* Whether the daemon's log holds `needle` (read while it runs: kfx_stop removes the file). */
+static bool log_has(const struct kfx_daemon *d, const char *needle)
+{
+    FILE *f = fopen(d->logfile, "r");
+    if (f == NULL)
+        return false;
+    char line[2048];
+    bool hit = false;
+    while (!hit && fgets(line, sizeof line, f))
+        hit = strstr(line, needle) != NULL;
+    fclose(f);
+    return hit;
+}
+
+static size_t count_of(const char *body, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = body; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Follow the cursors of `base` (a path with a query string, possibly "?"), checking each answer's size;
+ * @return the ranks seen; every page but the last holds `page` ranks. */
+static size_t walk_pages(const struct kfx_daemon *sv, const char *base, size_t page, size_t *pages)
+{
+    char path[1024], cursor[512] = "";
+    size_t total = 0;
+    *pages = 0;
+    for (;;) {
+        struct kfx_resp r;
+        if (cursor[0] == '\0')
+            snprintf(path, sizeof path, "%s", base);
+        else
+            snprintf(path, sizeof path, "%s%scursor=%s", base, strchr(base, '?') ? "&" : "?", cursor);
+        assert_int_equal(get_page(sv, path, &r, cursor, sizeof cursor), 200);
+        size_t n = count_of(r.body, "\"dp_rank\":");
+        kfx_resp_free(&r);
+        total += n;
+        (*pages)++;
+        if (cursor[0] == '\0')
+            return total;
+        assert_int_equal(n, page); /* only the last page is short */
+        assert_true(*pages < 10000);
+    }
+}
+
+/* The defaults: 1,024 models, dp_size 1,024, 16,384 ranks per /loads answer. */
+static void test_limits_defaults(void **state)
+{
+    (void)state;
+    struct kfx_daemon d, sv;
+    kfx_start_slots(&d, &sv, NULL, NULL);
+    reg(&sv, 1, "big", NULL, 16, 0, 1025, 400,
+        "{\"error\":\"dp_size 1025 exceeds the limit 1024 (--slot-max-dp-size)\"}");
+    reg(&sv, 1, "big", NULL, 16, 0, 65536, 400,
+        "{\"error\":\"dp_size 65536 exceeds the limit 1024 (--slot-max-dp-size)\"}");
+    kfx_expect_get(&sv, "/workers", 200, "[]");
+    /* 17 workers x 1,024 ranks: 17,408 ranks, more than one answer holds */
+    for (uint32_t w = 0; w < 17; w++)
+        reg(&sv, w, "big", NULL, 16, 0, 1024, 201, OK);
+    struct kfx_resp r;
+    char cursor[512];
+    assert_int_equal(get_page(&sv, "/loads", &r, cursor, sizeof cursor), 200);
+    assert_int_equal(count_of(r.body, "\"dp_rank\":"), 16384);
+    assert_true(r.len < 4u << 20);
+    assert_true(cursor[0] != '\0');
+    kfx_resp_free(&r);
+    size_t pages;
+    assert_int_equal(walk_pages(&sv, "/loads", 16384, &pages), 17408);
+    assert_int_equal(pages, 2);
+    assert_int_equal(kfx_metric(&sv, "kvidx_slots_loads_paged_total"), 2);
+    /* 1,024 trackers may exist ("big" is one); the next /register that would create one is 429 */
+    char m[32];
+    for (int i = 1; i < 1024; i++) {
+        snprintf(m, sizeof m, "m%04d", i);
+        reg(&sv, 1, m, NULL, 16, 0, 1, 201, OK);
+    }
+    reg(&sv, 1, "one-more", "t", 16, 0, 1, 429,
+        "{\"error\":\"too many models: 1024 slot trackers (model x tenant) exist, the most --slot-max-models "
+        "allows; model=one-more tenant=t not created\"}");
+    reg(&sv, 99, "m0001", NULL, 16, 0, 1, 201, OK); /* an existing tracker still takes workers */
+    assert_int_equal(kfx_metric(&sv, "kvidx_slots_register_refused_models_total"), 1);
+    assert_int_equal(kfx_metric(&sv, "kvidx_slots_register_refused_ranks_total"), 2);
+    assert_int_equal(kfx_metric(&sv, "kvidx_slots_trackers"), 1024);
+    assert_true(log_has(&d, "slot tracker: /register of worker 1 refused: too many models"));
+    assert_true(log_has(&d, "slot tracker: /register of worker 1 refused: dp_size 1025 exceeds the limit 1024"));
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
+/* The flags, the paging parameters and their errors. */
+static void test_limits_flags_and_paging(void **state)
+{
+    (void)state;
+    struct kfx_daemon d, sv;
+    const char *extra[] = {"--slot-max-models", "3", "--slot-max-dp-size", "8", "--slot-loads-page", "5", NULL};
+    kfx_start_slots(&d, &sv, extra, NULL);
+    reg(&sv, 1, "m0", NULL, 16, 0, 2, 201, OK);
+    /* a small deployment: one answer, no cursor, the reference's body */
+    struct kfx_resp r;
+    char cursor[512];
+    assert_int_equal(get_page(&sv, "/loads", &r, cursor, sizeof cursor), 200);
+    assert_string_equal(r.body,
+                        "[{\"model_name\":\"m0\",\"tenant_id\":\"default\",\"worker_id\":1,\"dp_rank\":0,"
+                        "\"active_prefill_tokens\":0,\"active_decode_blocks\":0},"
+                        "{\"model_name\":\"m0\",\"tenant_id\":\"default\",\"worker_id\":1,\"dp_rank\":1,"
+                        "\"active_prefill_tokens\":0,\"active_decode_blocks\":0}]");
+    assert_string_equal(cursor, "");
+    kfx_resp_free(&r);
+    reg(&sv, 1, "m1", NULL, 16, 0, 2, 201, OK);
+    reg(&sv, 1, "m2", NULL, 16, 0, 9, 400, "{\"error\":\"dp_size 9 exceeds the limit 8 (--slot-max-dp-size)\"}");
+    reg(&sv, 1, "m2", NULL, 16, 0, 2, 201, OK);
+    reg(&sv, 2, "m0", NULL, 16, 0, 8, 201, OK);
+    reg(&sv, 1, "m3", NULL, 16, 0, 1, 429,
+        "{\"error\":\"too many models: 3 slot trackers (model x tenant) exist, the most --slot-max-models "
+        "allows; model=m3 tenant=default not created\"}");
+    /* 14 ranks (m0: 10, m1: 2, m2: 2) in pages of 5 */
+    size_t pages;
+    assert_int_equal(walk_pages(&sv, "/loads", 5, &pages), 14);
+    assert_int_equal(pages, 3);
+    /* the first page, and the second one resuming exactly after it */
+    assert_int_equal(get_page(&sv, "/loads?limit=2", &r, cursor, sizeof cursor), 200);
+    assert_string_equal(r.body,
+                        "[{\"model_name\":\"m0\",\"tenant_id\":\"default\",\"worker_id\":1,\"dp_rank\":0,"
+                        "\"active_prefill_tokens\":0,\"active_decode_blocks\":0},"
+                        "{\"model_name\":\"m0\",\"tenant_id\":\"default\",\"worker_id\":1,\"dp_rank\":1,"
+                        "\"active_prefill_tokens\":0,\"active_decode_blocks\":0}]");
+    assert_string_equal(cursor, "6d30.64656661756c74.1.1");
+    kfx_resp_free(&r);
+    assert_int_equal(get_page(&sv, "/loads?limit=1&cursor=6d30.64656661756c74.1.1", &r, cursor, sizeof cursor),
+                     200);
+    assert_string_equal(r.body, "[{\"model_name\":\"m0\",\"tenant_id\":\"default\",\"worker_id\":2,\"dp_rank\":0,"
+                                "\"active_prefill_tokens\":0,\"active_decode_blocks\":0}]");
+    kfx_resp_free(&r);
+    /* limit is lowered to the page; filters page too */
+    assert_int_equal(walk_pages(&sv, "/loads?limit=100", 5, &pages), 14);
+    assert_int_equal(walk_pages(&sv, "/loads?model_name=m0&limit=4", 4, &pages), 10);
+    assert_int_equal(pages, 3);
+    assert_int_equal(walk_pages(&sv, "/loads?tenant_id=default&limit=3", 3, &pages), 14);
+    assert_int_equal(pages, 5);
+    /* the last page carries no cursor; a cursor past the end answers [] */
+    assert_int_equal(get_page(&sv, "/loads?cursor=6d39.00.0.0", &r, cursor, sizeof cursor), 200);
+    assert_string_equal(r.body, "[]");
+    assert_string_equal(cursor, "");
+    kfx_resp_free(&r);
+    kfx_expect_get(&sv, "/loads?limit=0", 400,
+                   "{\"error\":\"invalid query parameter limit: expected an integer >= 1\"}");
+    kfx_expect_get(&sv, "/loads?limit=x", 400,
+                   "{\"error\":\"invalid query parameter limit: expected an integer >= 1\"}");
+    const char *bad_cursor = "{\"error\":\"invalid query parameter cursor: expected the X-Kvidx-Next-Cursor value "
+                             "of a previous /loads answer\"}";
+    kfx_expect_get(&sv, "/loads?cursor=zz", 400, bad_cursor);
+    kfx_expect_get(&sv, "/loads?cursor=6d3.00.1.1", 400, bad_cursor);
+    kfx_expect_get(&sv, "/loads?cursor=6d30.00.1.4294967296", 400, bad_cursor);
+    kfx_expect_get(&sv, "/loads?cursor=6d30.00.1", 400, bad_cursor);
+    assert_int_equal(kfx_metric(&sv, "kvidx_slots_register_refused_models_total"), 1);
+    assert_int_equal(kfx_metric(&sv, "kvidx_slots_register_refused_ranks_total"), 1);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+    /* bad flag values */
+    const char *bad[] = {"--slot-max-models", "0", NULL};
+    assert_int_equal(kfx_start_rc(&d, bad, NULL), 2);
+    unlink(d.logfile);
+    const char *bad2[] = {"--slot-loads-page", "x", NULL};
+    assert_int_equal(kfx_start_rc(&d, bad2, NULL), 2);
+    unlink(d.logfile);
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -361,6 +576,8 @@ int main(void)
         cmocka_unit_test_teardown(test_peers, teardown),
         cmocka_unit_test_teardown(test_admin_token, teardown),
         cmocka_unit_test_teardown(test_slot_port_switch, teardown),
+        cmocka_unit_test_teardown(test_limits_defaults, teardown),
+        cmocka_unit_test_teardown(test_limits_flags_and_paging, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

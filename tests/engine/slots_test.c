@@ -996,6 +996,133 @@ static void test_differential(void **state)
     assert_int_equal(st.requests, 0);
 }
 
+/* Issue 18: a bounded number of trackers; a new (model, tenant) past the cap is
+ * refused (-ENOSPC, counted), existing trackers still take workers, and a
+ * deleted tracker frees its place. */
+static void test_tracker_cap(void **state)
+{
+    (void)state;
+    struct kvi_slots_config cfg = {.max_trackers = 2};
+    struct kvi_slots *s = kvi_slots_create(&cfg);
+    struct kvi_slots_err why;
+    assert_int_equal(kvi_slots_register(s, KP("a", "default"), 1, 16, 0, 1, &why), 0);
+    assert_int_equal(kvi_slots_register(s, KP("b", "default"), 1, 16, 0, 1, &why), 0);
+    assert_int_equal(kvi_slots_register(s, KP("c", "default"), 7, 16, 0, 1, &why), -ENOSPC);
+    assert_int_equal(why.why, KVI_SLOTS_E_TOO_MANY_TRACKERS);
+    assert_int_equal(why.trackers, 2);
+    assert_int_equal(why.max_trackers, 2);
+    assert_int_equal(why.worker_id, 7);
+    assert_int_equal(kvi_slots_register(s, KP("a", "t2"), 1, 16, 0, 1, &why), -ENOSPC); /* per pair */
+    /* conflicts on an existing tracker come first; existing trackers grow */
+    assert_int_equal(kvi_slots_register(s, KP("a", "default"), 1, 16, 0, 1, &why), -EEXIST);
+    assert_int_equal(kvi_slots_register(s, KP("a", "default"), 2, 16, 0, 1, &why), 0);
+    struct kvi_slots_stats st;
+    kvi_slots_stats(s, &st);
+    assert_int_equal(st.trackers, 2);
+    assert_int_equal(st.refused_trackers, 2);
+    assert_int_equal(st.refused_ranks, 0);
+    assert_int_equal(kvi_slots_unregister(s, KP("b", "default"), 1, &why), 0);
+    assert_int_equal(kvi_slots_register(s, KP("c", "default"), 7, 16, 0, 1, &why), 0);
+    kvi_slots_destroy(s);
+}
+
+/* Issue 18: dp_size past max_dp_size is refused before anything is created;
+ * the default is KVI_SLOTS_MAX_DP_SIZE. */
+static void test_dp_size_cap(void **state)
+{
+    struct kvi_slots *d = *state;
+    struct kvi_slots_err why;
+    assert_int_equal(kvi_slots_register(d, KP("m", "default"), 1, 16, 0, KVI_SLOTS_MAX_DP_SIZE + 1, &why),
+                     -EINVAL);
+    assert_int_equal(why.why, KVI_SLOTS_E_DP_SIZE_LIMIT);
+    assert_int_equal(why.max_dp_size, KVI_SLOTS_MAX_DP_SIZE);
+    assert_int_equal(kvi_slots_register(d, KP("m", "default"), 1, 16, 0, 65536, &why), -EINVAL);
+    assert_int_equal(why.dp_size, 65536);
+
+    struct kvi_slots_config cfg = {.max_dp_size = 4};
+    struct kvi_slots *s = kvi_slots_create(&cfg);
+    assert_int_equal(kvi_slots_register(s, KP("m", "default"), 3, 16, 10, 5, &why), -EINVAL);
+    assert_int_equal(why.why, KVI_SLOTS_E_DP_SIZE_LIMIT);
+    assert_int_equal(why.worker_id, 3);
+    assert_int_equal(why.dp_start, 10);
+    assert_int_equal(why.dp_size, 5);
+    assert_int_equal(why.max_dp_size, 4);
+    /* checked before the other rules (block size 0 and dp_size 0 still first) */
+    assert_int_equal(kvi_slots_register(s, KP("m", "default"), 3, 0, 10, 5, &why), -EINVAL);
+    assert_int_equal(why.why, KVI_SLOTS_E_BLOCK_SIZE);
+    kvi_rcu_read_lock();
+    assert_int_equal(kvi_slots_workers(s, NULL, NULL, 0), 0); /* no tracker was left behind */
+    kvi_rcu_read_unlock();
+    assert_int_equal(kvi_slots_register(s, KP("m", "default"), 3, 16, 10, 4, &why), 0);
+    struct kvi_slots_stats st;
+    kvi_slots_stats(s, &st);
+    assert_int_equal(st.refused_ranks, 1);
+    assert_int_equal(st.ranks, 4);
+    kvi_slots_destroy(s);
+}
+
+/* Issue 18: /loads pages: walking kvi_slots_loads_page with any page size
+ * from the start, resuming after the last entry, yields exactly
+ * kvi_slots_loads' listing, with and without filters. */
+static void test_loads_page(void **state)
+{
+    struct kvi_slots *s = *state;
+    assert_int_equal(reg(s, "b", "default", 9, 16, 0, 3), 0);
+    assert_int_equal(reg(s, "b", "default", 2, 16, 5, 2), 0);
+    assert_int_equal(reg(s, "a", "t", 4, 16, 0, 1), 0);
+    assert_int_equal(reg(s, "a", "default", 4, 16, 0, 2), 0);
+    assert_int_equal(reg(s, "c", "default", 1, 16, 0, 4), 0);
+    const struct kvi_slots_key filters[] = {{NULL, 0, NULL, 0}, K("b", NULL), K(NULL, "default"), K("zz", NULL)};
+    for (size_t fi = 0; fi < 4; fi++) {
+        const struct kvi_slots_key *f = fi == 0 ? NULL : &filters[fi];
+        struct kvi_slots_load all[32], page[32];
+        kvi_rcu_read_lock();
+        size_t n = kvi_slots_loads(s, f, all, 32);
+        assert_true(n <= 32);
+        for (size_t cap = 1; cap <= n + 1; cap++) {
+            struct kvi_slots_load_pos after;
+            size_t got = 0, k;
+            bool first = true;
+            do {
+                k = kvi_slots_loads_page(s, f, first ? NULL : &after, page, cap);
+                assert_true(k <= cap);
+                for (size_t i = 0; i < k; i++, got++) {
+                    assert_true(got < n);
+                    assert_int_equal(page[i].model_len, all[got].model_len);
+                    assert_memory_equal(page[i].model, all[got].model, all[got].model_len);
+                    assert_int_equal(page[i].tenant_len, all[got].tenant_len);
+                    assert_memory_equal(page[i].tenant, all[got].tenant, all[got].tenant_len);
+                    assert_int_equal(page[i].worker_id, all[got].worker_id);
+                    assert_int_equal(page[i].dp_rank, all[got].dp_rank);
+                }
+                if (k > 0) {
+                    after = (struct kvi_slots_load_pos){{page[k - 1].model, page[k - 1].model_len,
+                                                         page[k - 1].tenant, page[k - 1].tenant_len},
+                                                        page[k - 1].worker_id, page[k - 1].dp_rank};
+                    first = false;
+                }
+            } while (k == cap);
+            assert_int_equal(got, n);
+        }
+        kvi_rcu_read_unlock();
+    }
+    /* a cursor naming a tracker or rank that no longer exists resumes after its place */
+    struct kvi_slots_load page[32];
+    struct kvi_slots_load_pos gone = {K("b", "default"), 3, 0};
+    kvi_rcu_read_lock();
+    size_t k = kvi_slots_loads_page(s, NULL, &gone, page, 32);
+    kvi_rcu_read_unlock();
+    assert_int_equal(k, 3 + 4); /* b's worker 9, then c */
+    assert_int_equal(page[0].worker_id, 9);
+    assert_int_equal(page[0].dp_rank, 0);
+    gone = (struct kvi_slots_load_pos){K("bb", "x"), 0, 0};
+    kvi_rcu_read_lock();
+    k = kvi_slots_loads_page(s, NULL, &gone, page, 32);
+    kvi_rcu_read_unlock();
+    assert_int_equal(k, 4);
+    assert_memory_equal(page[0].model, "c", 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1014,6 +1141,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_replica_events, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_hook, setup, teardown),
         cmocka_unit_test_setup_teardown(test_differential, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tracker_cap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dp_size_cap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_loads_page, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
