@@ -182,6 +182,13 @@ static void test_metrics(void **state)
     kfx_expect(&d, "/query", "{\"model_name\":\"m\",\"token_ids\":[1]}", 200, NULL);
     kfx_expect(&d, "/query", "{\"model_name\":\"zz\",\"token_ids\":[1]}", 404, NULL);
     struct kfx_resp r;
+    /* the handler adds its own time to kvidx_query_duration_seconds after its
+     * answer is on the wire, so a /metrics served by the other loop thread
+     * may come first: wait for it (bounded) rather than for the scheduler */
+    if (!KFX_WAIT(kfx_get_has(&d, "/metrics", 200,
+                              "kvidx_query_duration_seconds_count{route=\"/query\",dialect=\"dynamo\"} 2"),
+                  KFX_WAIT_MS))
+        fail_msg("kvidx_query_duration_seconds never counted both queries");
     assert_int_equal(kfx_get(&d, "/metrics", &r), 200);
     assert_string_equal(r.ctype, "text/plain; version=0.0.4");
     const char *want[] = {
