@@ -168,17 +168,6 @@ int kvi_dyn_parse_listener_ctl(const void *body, size_t len, enum kvi_ctype ct,
     return r;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* application/x-www-form-urlencoded decoding; invalid escapes stay literal. */
 static int form_decode(const char *p, size_t n, struct kvi_scratch *s, struct kvi_str *out)
 {
@@ -194,8 +183,8 @@ static int form_decode(const char *p, size_t n, struct kvi_scratch *s, struct kv
     for (size_t i = 0; i < n; i++) {
         if (p[i] == '+') {
             d[k++] = ' ';
-        } else if (p[i] == '%' && i + 2 < n && hexval(p[i + 1]) >= 0 && hexval(p[i + 2]) >= 0) {
-            d[k++] = (char)(hexval(p[i + 1]) << 4 | hexval(p[i + 2]));
+        } else if (p[i] == '%' && i + 2 < n && kvi_hexval(p[i + 1]) >= 0 && kvi_hexval(p[i + 2]) >= 0) {
+            d[k++] = (char)(kvi_hexval(p[i + 1]) << 4 | kvi_hexval(p[i + 2]));
             i += 2;
         } else {
             d[k++] = p[i];

@@ -422,4 +422,16 @@ static inline __attribute__((always_inline)) char *kvi_rows__w_key(char *o, cons
     return kvi__w_str_key(o, r->name, strlen(r->name), mp);
 }
 
+/** The value of hex digit @p c (either case), or -1. */
+static inline int kvi_hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 #endif

@@ -263,17 +263,6 @@ static const char *query_param(const char *q, size_t len, const char *name, size
     return NULL;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Decode the hex field [p, p + n) into scratch. @return 0, -EINVAL or -ENOMEM. */
 static int unhex(const char *p, size_t n, struct kvi_scratch *s, const char **out, size_t *out_len)
 {
@@ -283,7 +272,7 @@ static int unhex(const char *p, size_t n, struct kvi_scratch *s, const char **ou
     if (d == NULL)
         return -ENOMEM;
     for (size_t i = 0; i < n; i += 2) {
-        int a = hexval(p[i]), b = hexval(p[i + 1]);
+        int a = kvi_hexval(p[i]), b = kvi_hexval(p[i + 1]);
         if (a < 0 || b < 0)
             return -EINVAL;
         d[i / 2] = (char)(a << 4 | b);

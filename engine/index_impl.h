@@ -173,31 +173,15 @@ static inline bool tab_slot_may_be(uint32_t s, uint32_t tag)
     return ((s ^ (tag << KVI_ENTRY_IDX_BITS)) >> KVI_ENTRY_IDX_BITS) == 0 && (s & KVI_TAB_IDX) != KVI_TOMB;
 }
 
-/* Reader lookup (also used by the writer) of key, whose tag is `tag`.
- * Returns the entry index or NONE. */
-static inline uint32_t tab_find_t(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key, uint32_t tag)
-{
-    const struct kvi_tab *t = atomic_load_explicit(&((struct kvi_table *)tb)->t, memory_order_acquire); /* R3 */
-    if (t == NULL)
-        return KVI_NONE;
-    for (uint32_t i = tab_home(t, tag);; i = (i + 1) & t->mask) {
-        uint32_t s = atomic_load_explicit(&((struct kvi_tab *)t)->s[i], memory_order_acquire); /* R1 */
-        if (s == 0)
-            return KVI_NONE;
-        if (tab_slot_may_be(s, tag)) {
-            bool ok;
-            uint32_t idx = s & KVI_TAB_IDX;
-            if (tab_key_of(c, idx, &ok) == key && ok)
-                return idx;
-        }
-    }
-}
+/* Any depth, for tab_find_at_t: the slot maps' entries sit at any position. */
+#define TAB_ANY_POS UINT32_MAX
 
-/* tab_find_t for the prefix-key and seq tables, keeping depths apart: the
- * entry under key at position pos, or NONE. Prefixes of different depths
- * may share a key (2^-64 for prefix keys; for seq hashes whenever a
- * publisher sends one at two depths: they are the publisher's), and each is
- * then found at its own depth. Reader (also used by the writer). */
+/* Reader lookup (also used by the writer) of key, whose tag is `tag`, at
+ * position pos (TAB_ANY_POS: any): the entry index or NONE. The prefix-key
+ * and seq tables are looked up at a depth: prefixes of different depths may
+ * share a key (2^-64 for prefix keys; for seq hashes whenever a publisher
+ * sends one at two depths: they are the publisher's), and each is then
+ * found at its own. */
 static inline uint32_t tab_find_at_t(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key, uint32_t tag,
                                      uint32_t pos)
 {
@@ -211,10 +195,15 @@ static inline uint32_t tab_find_at_t(const struct tab_ctx *c, const struct kvi_t
         if (tab_slot_may_be(s, tag)) {
             bool ok;
             uint32_t idx = s & KVI_TAB_IDX;
-            if (tab_key_of(c, idx, &ok) == key && ok && kvi__entry(c->p, idx)->pos == pos)
+            if (tab_key_of(c, idx, &ok) == key && ok && (pos == TAB_ANY_POS || kvi__entry(c->p, idx)->pos == pos))
                 return idx;
         }
     }
+}
+
+static inline uint32_t tab_find_t(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key, uint32_t tag)
+{
+    return tab_find_at_t(c, tb, key, tag, TAB_ANY_POS);
 }
 
 static inline uint32_t tab_find(const struct tab_ctx *c, const struct kvi_table *tb, uint64_t key)

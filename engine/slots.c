@@ -1290,6 +1290,18 @@ static void read_rank(const struct srank *r, uint64_t *blocks, uint64_t *prefill
     *requests = atomic_load_explicit(&r->requests, memory_order_relaxed);
 }
 
+/* One /loads row: rank r of tracker t (relaxed loads, as read_rank). Reader. */
+static void load_row(const struct strk *t, const struct srank *r, struct kvi_slots_load *o)
+{
+    o->model = t->model;
+    o->model_len = t->model_len;
+    o->tenant = t->tenant;
+    o->tenant_len = t->tenant_len;
+    o->worker_id = r->worker_id;
+    o->dp_rank = r->dp_rank;
+    read_rank(r, &o->active_decode_blocks, &o->active_prefill_tokens, &o->active_requests);
+}
+
 size_t kvi_slots_loads(const struct kvi_slots *s, const struct kvi_slots_key *filter,
                        struct kvi_slots_load *out, size_t cap)
 {
@@ -1303,16 +1315,7 @@ size_t kvi_slots_loads(const struct kvi_slots *s, const struct kvi_slots_key *fi
         for (uint32_t j = 0; j < rt->n_ranks; j++, k++) {
             if (k >= cap)
                 continue;
-            const struct srank *r = rt->ranks[j];
-            struct kvi_slots_load *o = &out[k];
-            o->model = t->model;
-            o->model_len = t->model_len;
-            o->tenant = t->tenant;
-            o->tenant_len = t->tenant_len;
-            o->worker_id = r->worker_id;
-            o->dp_rank = r->dp_rank;
-            read_rank(r, &o->active_decode_blocks, &o->active_prefill_tokens,
-                      &o->active_requests);
+            load_row(t, rt->ranks[j], &out[k]);
         }
     }
     return k;
@@ -1356,16 +1359,7 @@ size_t kvi_slots_loads_page(const struct kvi_slots *s, const struct kvi_slots_ke
         if (after != NULL && trk_cmp_key(t, &after->key) == 0)
             j = rtab_upper(rt, after->worker_id, after->dp_rank);
         for (; j < rt->n_ranks && k < cap; j++, k++) {
-            const struct srank *r = rt->ranks[j];
-            struct kvi_slots_load *o = &out[k];
-            o->model = t->model;
-            o->model_len = t->model_len;
-            o->tenant = t->tenant;
-            o->tenant_len = t->tenant_len;
-            o->worker_id = r->worker_id;
-            o->dp_rank = r->dp_rank;
-            read_rank(r, &o->active_decode_blocks, &o->active_prefill_tokens,
-                      &o->active_requests);
+            load_row(t, rt->ranks[j], &out[k]);
         }
     }
     return k;
