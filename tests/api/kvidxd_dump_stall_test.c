@@ -127,20 +127,6 @@ static bool query_has(const struct kfx_daemon *d, const char *json, const char *
     return ok;
 }
 
-/* Whether the daemon's log contains `needle`. */
-static bool log_has(const struct kfx_daemon *d, const char *needle)
-{
-    FILE *f = fopen(d->logfile, "r");
-    if (f == NULL)
-        return false;
-    char line[1024];
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f) != NULL)
-        found = strstr(line, needle) != NULL;
-    fclose(f);
-    return found;
-}
-
 /* ---- the raw reader ------------------------------------------------------------------------- */
 
 /* Connect with a 4 KiB receive buffer (set before connect: no autotuning) and send GET /dump. */
@@ -422,7 +408,7 @@ static void test_stalled_dump_reader_stalls_nothing_else(void **state)
     assert_int_equal(cs.other, 0);
     free(b.p);
     /* the namespace deleted under the dump was freed once the dump was done with it */
-    if (!KFX_WAIT(log_has(&d, "namespace " MODEL2 ":default freed after the /dump that held it"), KFX_WAIT_MS)) {
+    if (!kfx_log_has(&d, "namespace " MODEL2 ":default freed after the /dump that held it", NULL, KFX_WAIT_MS)) {
         kfx_dump_log(&d);
         fail_msg("namespace " MODEL2 " was not freed after the dump");
     }

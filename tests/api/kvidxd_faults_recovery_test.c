@@ -68,14 +68,6 @@ static char *slurp(const char *path)
     return s;
 }
 
-static bool log_has(const struct kfx_daemon *d, const char *needle)
-{
-    char *s = slurp(d->logfile);
-    bool ok = strstr(s, needle) != NULL;
-    free(s);
-    return ok;
-}
-
 /* The log line of a failed peer must name it and say why. */
 static void expect_peer_failed(const struct kfx_daemon *d, uint16_t port, const char *why)
 {
@@ -632,7 +624,7 @@ static void test_failing_peers_fall_through(void **state)
     expect_peer_failed(&b, fjunk->port, "bad dump: dump is not a JSON object");
     expect_peer_failed(&b, fcut->port, "bad dump: EOF while parsing the dump");
     expect_peer_failed(&b, fslow->port, "timed out");
-    assert_true(log_has(&b, "recovery: applied 11 block(s) in 1 namespace(s)"));
+    assert_true(kfx_log_has(&b, "recovery: applied 11 block(s) in 1 namespace(s)", NULL, 0));
 
     /* exactly A's state: the partial dumps of the cut and slow peers were rolled back */
     struct dset db = dump_get(&b);
@@ -673,7 +665,7 @@ static void test_peer_still_recovering(void **state)
     const char *bargs[] = {"--peers", pc, "--recovery-delay-ms", "0", "--recovery-timeout-ms", "10000", NULL};
     kfx_start(&b, bargs, NULL);
     /* B starts fetching while C has not recovered yet */
-    assert_true(KFX_WAIT(log_has(&b, "recovery: fetching /dump from 1 peer(s)"), KFX_WAIT_MS));
+    assert_true(kfx_log_has(&b, "recovery: fetching /dump from 1 peer(s)", NULL, KFX_WAIT_MS));
     assert_true(status_has(&c, "\"recovery\":{\"enabled\":true,\"in_progress\":true}"));
     wait_recovery(&c, "succeeded");
     wait_recovery(&b, "succeeded");
@@ -723,7 +715,7 @@ static void test_only_bad_peers_start_empty(void **state)
     expect_peer_failed(&b, fslow->port, "timed out");
     expect_peer_failed(&b, f500->port, "HTTP status 500");
     expect_peer_failed(&b, fsilent->port, "timed out");
-    assert_true(log_has(&b, "recovery: no reachable peer; starting empty"));
+    assert_true(kfx_log_has(&b, "recovery: no reachable peer; starting empty", NULL, 0));
     assert_true(KFX_WAIT(atomic_load(&fsilent->client_closed) == 1, KFX_WAIT_MS));
 
     /* empty: the registered namespace with no events, and queries answer */
@@ -775,7 +767,7 @@ static void test_sigterm_during_peer_fetch(void **state)
         kfx_start(&b, args, NULL);
         assert_true(KFX_WAIT(atomic_load(&f.requests) == 1, KFX_WAIT_MS));
         if (mode == FP_TRICKLE) /* the events sent so far are being applied */
-            assert_true(KFX_WAIT(log_has(&b, "namespace " MODEL ":default created"), KFX_WAIT_MS));
+            assert_true(kfx_log_has(&b, "namespace " MODEL ":default created", NULL, KFX_WAIT_MS));
         assert_true(status_has(&b, "\"recovery\":{\"enabled\":true,\"in_progress\":true}"));
         int64_t ms = 0;
         char *log = NULL;

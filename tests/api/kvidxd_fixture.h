@@ -242,6 +242,53 @@ KFX_FN void kfx_start(struct kfx_daemon *d, const char *const *args, const char 
 }
 
 /*
+ * Start kvidxd under `ulimit -n @p nofile` (soft and hard: kvidxd cannot
+ * raise it), through a shell wrapper. @return as kfx_start_rc.
+ */
+KFX_FN int kfx_start_nofile(struct kfx_daemon *d, const char *const *args, unsigned nofile)
+{
+    char wrapper[128];
+    snprintf(wrapper, sizeof wrapper, "/tmp/kvidxd-nofile-%d.sh", (int)getpid());
+    FILE *f = fopen(wrapper, "w");
+    if (f == NULL)
+        fail_msg("cannot write %s", wrapper);
+    fprintf(f, "#!/bin/sh\nulimit -n %u || exit 97\nexec '%s' \"$@\"\n", nofile, kfx_binary());
+    fclose(f);
+    if (chmod(wrapper, 0755) != 0)
+        fail_msg("chmod %s", wrapper);
+    const char *saved = getenv("KVIDXD");
+    char *keep = saved ? strdup(saved) : NULL;
+    setenv("KVIDXD", wrapper, 1);
+    int rc = kfx_start_rc(d, args, NULL);
+    if (keep != NULL)
+        setenv("KVIDXD", keep, 1);
+    else
+        unsetenv("KVIDXD");
+    free(keep);
+    unlink(wrapper);
+    return rc;
+}
+
+/* Whether the daemon's log has a line containing @p a and @p b (NULL: any), polled for up to @p ms. */
+KFX_FN bool kfx_log_has(const struct kfx_daemon *d, const char *a, const char *b, int ms)
+{
+    int64_t end = kfx_now_ms() + ms;
+    do {
+        FILE *f = fopen(d->logfile, "r");
+        char line[4096];
+        bool found = false;
+        while (f != NULL && !found && fgets(line, sizeof line, f) != NULL)
+            found = strstr(line, a) != NULL && (b == NULL || strstr(line, b) != NULL);
+        if (f != NULL)
+            fclose(f);
+        if (found)
+            return true;
+        kfx_nap(20);
+    } while (kfx_now_ms() < end);
+    return false;
+}
+
+/*
  * Start kvidxd with an ephemeral slot-tracker port (--slot-port auto) plus
  * @p extra args (NULL-terminated, may be NULL); *sv becomes a copy of *d that
  * talks to the slot port (stop the daemon through d).

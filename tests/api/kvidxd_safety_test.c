@@ -29,25 +29,6 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Whether the daemon's log has a line containing @p a and @p b (NULL: any), polled for up to @p ms. */
-static bool log_has(const struct kfx_daemon *d, const char *a, const char *b, int ms)
-{
-    int64_t end = kfx_now_ms() + ms;
-    do {
-        FILE *f = fopen(d->logfile, "r");
-        char line[4096];
-        bool found = false;
-        while (f != NULL && !found && fgets(line, sizeof line, f) != NULL)
-            found = strstr(line, a) != NULL && (b == NULL || strstr(line, b) != NULL);
-        if (f != NULL)
-            fclose(f);
-        if (found)
-            return true;
-        kfx_nap(20);
-    } while (kfx_now_ms() < end);
-    return false;
-}
-
 /* POST and expect `status` and a body containing every needle (NULL-terminated). */
 static void expect_has(const struct kfx_daemon *d, const char *path, const char *json, long status,
                        const char *const *needles)
@@ -95,7 +76,7 @@ static void test_listener_fails_at_once(void **state)
                          "File name too long", NULL};
     expect_has(&d, "/register", body, 503, dyn);
     expect_empty(&d);
-    assert_true(log_has(&d, "ERROR", "instance 7 dp_rank 0 not registered", 5000));
+    assert_true(kfx_log_has(&d, "ERROR", "instance 7 dp_rank 0 not registered", 5000));
 
     /* Conductor: its own answer for a ZMQ client that cannot start (500 text), logged */
     snprintf(body, sizeof body,
@@ -105,7 +86,7 @@ static void test_listener_fails_at_once(void **state)
     const char *cond[] = {"Failed to subscribe: failed to start ZMQ client: ", "File name too long", NULL};
     expect_has(&d, "/register", body, 500, cond);
     expect_empty(&d);
-    assert_true(log_has(&d, "ERROR", "registration of p1|default|0 for model c failed (500)", 5000));
+    assert_true(kfx_log_has(&d, "ERROR", "registration of p1|default|0 for model c failed (500)", 5000));
 
     /* nothing was left behind: the same keys register normally */
     kfx_expect(&d, "/register",
@@ -143,24 +124,8 @@ static void kill_daemon(struct kfx_daemon *d)
 static void test_fd_limit(void **state)
 {
     (void)state;
-    char wrapper[128];
-    snprintf(wrapper, sizeof wrapper, "/tmp/kvidxd-safety-%d.sh", (int)getpid());
-    FILE *f = fopen(wrapper, "w");
-    assert_non_null(f);
-    fprintf(f, "#!/bin/sh\nulimit -n 64 || exit 97\nexec '%s' \"$@\"\n", kfx_binary());
-    fclose(f);
-    assert_int_equal(chmod(wrapper, 0755), 0);
-    const char *saved = getenv("KVIDXD");
-    char *keep = saved ? strdup(saved) : NULL;
-    setenv("KVIDXD", wrapper, 1);
     struct kfx_daemon d;
-    int rc = kfx_start_rc(&d, NULL, NULL);
-    if (keep != NULL)
-        setenv("KVIDXD", keep, 1);
-    else
-        unsetenv("KVIDXD");
-    free(keep);
-    unlink(wrapper);
+    int rc = kfx_start_nofile(&d, NULL, 64);
     if (rc != 0) {
         kfx_dump_log(&d);
         fail_msg("kvidxd under ulimit -n 64 did not start (%d)", rc);
@@ -203,7 +168,7 @@ static void test_fd_limit(void **state)
     kfx_resp_free(&r);
     assert_int_equal(kfx_metric(&d, "dynamo_kvindexer_workers"), ok);
     assert_int_equal(kfx_metric(&d, "dynamo_kvindexer_listeners{status=\"failed\"}"), 0);
-    assert_true(log_has(&d, "ERROR", "Too many open files", 5000));
+    assert_true(kfx_log_has(&d, "ERROR", "Too many open files", 5000));
     /* not SIGTERM: libzmq asserts (ctx.cpp) when it cannot open a socket while terminating at the limit */
     kill_daemon(&d);
 }
@@ -246,7 +211,7 @@ static void test_bad_names(void **state)
                400, c_inst);
     expect_empty(&d);
     /* a client's mistake is no server error (each answer came after anything it logged) */
-    assert_false(log_has(&d, "ERROR", NULL, 0));
+    assert_false(kfx_log_has(&d, "ERROR", NULL, 0));
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 }
 
@@ -297,7 +262,7 @@ static void test_max_models(void **state)
                429, cond);
     assert_int_equal(kfx_metric(&d, "dynamo_kvindexer_models"), 2);
     assert_int_equal(kfx_metric(&d, "dynamo_kvindexer_workers"), 3);
-    assert_true(log_has(&d, "namespace m3:default not created", "--max-models", 5000));
+    assert_true(kfx_log_has(&d, "namespace m3:default not created", "--max-models", 5000));
 
     /* the last instance of m2 gone, its namespace is deleted and m3 fits */
     kfx_expect(&d, "/unregister", "{\"instance_id\":2,\"model_name\":\"m2\",\"tenant_id\":\"t\"}", 200, NULL);
