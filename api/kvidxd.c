@@ -96,6 +96,10 @@ struct opts {
     long recovery_timeout_ms;
     long idle_timeout_ms;
     long max_connections;
+    long max_conns_per_addr;
+    long h2_max_resets;
+    long conn_output_limit;
+    long output_limit;
     const char *port_file;
     bool demo;              /* --demo: mock engines inside (api/demo.h) */
     const char *demo_trace;
@@ -153,6 +157,14 @@ static void usage(FILE *f)
             "  --recovery-timeout-ms N  timeout of one peer fetch (default 10000)\n"
             "  --idle-timeout-ms N    idle keep-alive / slow-client timeout (default 60000)\n"
             "  --max-connections N    open HTTP connections over all threads (default 16384)\n"
+            "  --max-conns-per-addr N open HTTP connections from one client address (default 1024;\n"
+            "                         0 = no limit); past it a connection is closed at once\n"
+            "  --h2-max-resets N      RST_STREAM frames one HTTP/2 connection may send per 10 s (burst N,\n"
+            "                         default 1000; 0 = no limit); past it GOAWAY ENHANCE_YOUR_CALM\n"
+            "  --http-conn-output-limit BYTES  unread answer bytes one connection may hold (default\n"
+            "                         16777216; 0 = no limit); past it the connection is closed\n"
+            "  --http-output-limit BYTES  unread answer bytes over all connections (default 268435456;\n"
+            "                         0 = no limit); past it answers are 503\n"
             "  --port-file PATH       write the bound port to PATH once listening (default none)\n"
             "  --demo                 start mock engines that publish a Mooncake trace over ZMQ into\n"
             "                         this daemon (model \"demo\"); the log shows curl lines to try\n"
@@ -228,7 +240,7 @@ static int min_initial_workers(uint64_t *out)
 enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
     O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_MAX_MODELS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN, O_ALLOW_REMOTE_ADMIN, O_DATA_TOKEN,
-    O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_PORT_FILE, O_HELP, O_VERSION,
+    O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_MAX_CONNS_ADDR, O_H2_RESETS, O_CONN_OUT, O_OUT_LIMIT, O_PORT_FILE, O_HELP, O_VERSION,
     O_DEMO, O_DEMO_TRACE, O_DEMO_WORKERS,
 };
 
@@ -262,6 +274,10 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"recovery-timeout-ms", required_argument, NULL, O_REC_TIMEOUT},
         {"idle-timeout-ms", required_argument, NULL, O_IDLE},
         {"max-connections", required_argument, NULL, O_MAX_CONN},
+        {"max-conns-per-addr", required_argument, NULL, O_MAX_CONNS_ADDR},
+        {"h2-max-resets", required_argument, NULL, O_H2_RESETS},
+        {"http-conn-output-limit", required_argument, NULL, O_CONN_OUT},
+        {"http-output-limit", required_argument, NULL, O_OUT_LIMIT},
         {"port-file", required_argument, NULL, O_PORT_FILE},
         {"demo", no_argument, NULL, O_DEMO},
         {"demo-trace", required_argument, NULL, O_DEMO_TRACE},
@@ -308,6 +324,12 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             break;
         case O_IDLE: rc = parse_long("--idle-timeout-ms", optarg, 1, 3600000, &o->idle_timeout_ms); break;
         case O_MAX_CONN: rc = parse_long("--max-connections", optarg, 1, 1000000, &o->max_connections); break;
+        case O_MAX_CONNS_ADDR:
+            rc = parse_long("--max-conns-per-addr", optarg, 0, 1000000, &o->max_conns_per_addr);
+            break;
+        case O_H2_RESETS: rc = parse_long("--h2-max-resets", optarg, 0, 100000000, &o->h2_max_resets); break;
+        case O_CONN_OUT: rc = parse_long("--http-conn-output-limit", optarg, 0, LONG_MAX, &o->conn_output_limit); break;
+        case O_OUT_LIMIT: rc = parse_long("--http-output-limit", optarg, 0, LONG_MAX, &o->output_limit); break;
         case O_PORT_FILE: o->port_file = optarg; break;
         case O_DEMO: o->demo = true; break;
         case O_DEMO_TRACE: o->demo_trace = optarg; break;
@@ -375,6 +397,10 @@ int main(int argc, char **argv)
         .recovery_timeout_ms = KVI_SVC_DEFAULT_RECOVERY_TIMEOUT_MS,
         .idle_timeout_ms = 60000,
         .max_connections = 16384,
+        .max_conns_per_addr = -1, /* -1: the HTTP layer's defaults (net/http_server.h) */
+        .h2_max_resets = -1,
+        .conn_output_limit = -1,
+        .output_limit = -1,
         .max_models = KVI_SVC_DEFAULT_MAX_MODELS,
     };
     struct kvi_slot_service_config slot_cfg; /* the slot-tracker flags leave argv here */
@@ -501,6 +527,14 @@ int main(int argc, char **argv)
     ho.data_token = o.data_token && o.data_token[0] ? o.data_token : NULL;
     ho.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
     ho.max_connections = (unsigned)o.max_connections;
+    if (o.max_conns_per_addr >= 0)
+        ho.max_conns_per_addr = (unsigned)o.max_conns_per_addr;
+    if (o.h2_max_resets >= 0)
+        ho.h2_max_resets = (unsigned)o.h2_max_resets;
+    if (o.conn_output_limit >= 0)
+        ho.conn_output_limit = (size_t)o.conn_output_limit;
+    if (o.output_limit >= 0)
+        ho.output_limit = (size_t)o.output_limit;
     ho.thread_init = kvi_routes_thread_init;
     ho.thread_fini = kvi_routes_thread_fini;
     ho.thread_ud = routes;
@@ -524,6 +558,10 @@ int main(int argc, char **argv)
     slot_cfg.tls_key = o.tls_key;
     slot_cfg.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
     slot_cfg.max_connections = (unsigned)o.max_connections;
+    slot_cfg.max_conns_per_addr = ho.max_conns_per_addr; /* the same abuse limits on both ports */
+    slot_cfg.h2_max_resets = ho.h2_max_resets;
+    slot_cfg.conn_output_limit = ho.conn_output_limit;
+    slot_cfg.output_limit = ho.output_limit;
     slot_cfg.test_endpoints = test_endpoints;
     if (rc == 0 && (slots = kvi_slot_service_create(&slot_cfg)) == NULL)
         rc = -errno;

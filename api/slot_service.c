@@ -239,6 +239,12 @@ int kvi_slot_service_args(int *argc, char **argv, struct kvi_slot_service_config
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->port = KVI_SLOT_DEFAULT_PORT;
+    struct kvi_http_options http_defaults;
+    kvi_http_options_init(&http_defaults);
+    cfg->max_conns_per_addr = http_defaults.max_conns_per_addr;
+    cfg->h2_max_resets = http_defaults.h2_max_resets;
+    cfg->conn_output_limit = http_defaults.conn_output_limit;
+    cfg->output_limit = http_defaults.output_limit;
     int out = 1;
     for (int i = 1; i < *argc; i++) {
         const char *v;
@@ -852,6 +858,10 @@ static int create_server(struct kvi_slot_service *s)
         ho.idle_timeout_ms = s->cfg.idle_timeout_ms;
     if (s->cfg.max_connections)
         ho.max_connections = s->cfg.max_connections;
+    ho.max_conns_per_addr = s->cfg.max_conns_per_addr;
+    ho.h2_max_resets = s->cfg.h2_max_resets;
+    ho.conn_output_limit = s->cfg.conn_output_limit;
+    ho.output_limit = s->cfg.output_limit;
     ho.shutdown_grace_ms = SLOT_GRACE_MS;
     ho.thread_init = kvi_slot_routes_thread_init;
     ho.thread_fini = kvi_slot_routes_thread_fini;

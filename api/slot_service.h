@@ -113,6 +113,12 @@ struct kvi_slot_service_config {
                                * the admin token); NULL = open */
     unsigned idle_timeout_ms; /* 0 = the server's default */
     unsigned max_connections; /* 0 = the server's default */
+    /* The HTTP abuse limits (net/http_server.h "Limits"); set together, 0 = no limit.
+     * kvi_slot_service_args leaves them at the HTTP layer's defaults. */
+    unsigned max_conns_per_addr;
+    unsigned h2_max_resets;
+    size_t conn_output_limit;
+    size_t output_limit;
     bool test_endpoints;      /* mount /test/advance_clock and /test/replica_sender */
 };
 

@@ -240,9 +240,27 @@ void kvi_http__res_count_abort(struct kvi_http_res *r)
     kvi_relaxed_add(&r->w->ctr[r->ctr_idx].aborted, 1);
 }
 
+static size_t json_error_into_pool(struct kvi_http_res *r, const char *text, size_t n, char **body)
+{
+    *body = h2o_mem_alloc_pool(&r->req->pool, 6 * n + 16);
+    return json_error_body(*body, text, n);
+}
+
 static void send_final(struct kvi_http_res *r, int status, const char *ctype, const void *body, size_t len)
 {
     h2o_req_t *req = r->req;
+    /* The output budgets (net/http_guard.c): past the loop's share the answer
+     * becomes a short 503; past the connection's, the connection is shut. */
+    if (kvi_http__out_charge(r, r->head ? 0 : len, false) == 1) {
+        static const char text[] = "the server holds too many unread answers; retry later";
+        char *b;
+        len = json_error_into_pool(r, text, sizeof text - 1, &b);
+        body = b;
+        status = 503;
+        ctype = "application/json";
+        kvi_http__out_charge(r, r->head ? 0 : len, true);
+    }
+    kvi_http__out_waiting(r);
     kvi_http__set_head(req, status, ctype);
     req->res.content_length = len;
     r->state = R_DONE;
@@ -260,8 +278,8 @@ static void send_final(struct kvi_http_res *r, int status, const char *ctype, co
 
 static void send_json_error(struct kvi_http_res *r, int status, const char *text, size_t n)
 {
-    char *body = h2o_mem_alloc_pool(&r->req->pool, 6 * n + 16);
-    size_t len = json_error_body(body, text, n);
+    char *body;
+    size_t len = json_error_into_pool(r, text, n, &body);
     send_final(r, status, "application/json", body, len);
 }
 
@@ -429,6 +447,7 @@ static void res_dispose(void *p)
     struct kvi_http_res *r = p;
     struct worker *w = r->w;
     r->req = NULL;
+    kvi_http__out_release(r);
     if (r->conn != NULL) {
         if (--r->conn->inflight == 0)
             r->conn->idle_since = h2o_now(w->ctx.loop);
@@ -489,6 +508,7 @@ static struct kvi_http_res *res_new(struct worker *w, h2o_req_t *req, int ctr_id
     if (r->conn != NULL) {
         r->conn->inflight++;
         h2o_linklist_insert(&r->conn->reqs, &r->conn_link);
+        kvi_http__h2_guard(w->srv, r->conn, req);
     }
     atomic_store_explicit(&w->in_flight, atomic_load_explicit(&w->in_flight, memory_order_relaxed) + 1,
                           memory_order_relaxed);

@@ -129,6 +129,7 @@ static void on_sock_close(void *data)
         r->conn = NULL;
     }
     h2o_linklist_unlink(&c->link);
+    kvi_http__addr_release(w, c);
     w->nconns--;
     atomic_fetch_sub_explicit(&w->srv->conns_open, 1, memory_order_relaxed);
     free(c);
@@ -136,14 +137,18 @@ static void on_sock_close(void *data)
         w->state = W_DONE;
 }
 
+struct conn *kvi_http__conn_of_sock(h2o_socket_t *sock)
+{
+    if (sock == NULL || sock->on_close.cb != on_sock_close)
+        return NULL;
+    return sock->on_close.data;
+}
+
 struct conn *kvi_http__conn_of(h2o_req_t *req)
 {
     if (req->conn->callbacks->get_socket == NULL)
         return NULL;
-    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
-    if (sock == NULL || sock->on_close.cb != on_sock_close)
-        return NULL;
-    return sock->on_close.data;
+    return kvi_http__conn_of_sock(req->conn->callbacks->get_socket(req->conn));
 }
 
 static void on_accept(h2o_socket_t *listener, const char *err);
@@ -162,10 +167,13 @@ static void on_accept(h2o_socket_t *listener, const char *err)
     if (err != NULL || w->state != W_RUNNING)
         return;
     for (int i = 0; i < ACCEPT_BURST; i++) {
-        int fd = accept4(w->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage peer;
+        socklen_t peer_len = sizeof peer;
+        int fd = accept4(w->listen_fd, (struct sockaddr *)&peer, &peer_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                 /* Out of descriptors: stop polling the listener for a while instead of spinning. */
+                kvi_http__accept_failed(w, errno);
                 h2o_socket_read_stop(w->listener);
                 if (!h2o_timeout_is_linked(&w->pause_entry))
                     h2o_timeout_link(w->ctx.loop, &w->pause_timeout, &w->pause_entry);
@@ -180,11 +188,17 @@ static void on_accept(h2o_socket_t *listener, const char *err)
             close(fd);
             continue;
         }
+        struct conn *c = kvi_xcalloc(1, sizeof *c);
+        if (!kvi_http__addr_acquire(w, c, (struct sockaddr *)&peer, peer_len)) {
+            atomic_fetch_sub_explicit(&s->conns_open, 1, memory_order_relaxed);
+            free(c);
+            close(fd);
+            continue;
+        }
         atomic_fetch_add_explicit(&s->conns_accepted, 1, memory_order_relaxed);
         int on = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
         h2o_socket_t *sock = h2o_evloop_socket_create(w->ctx.loop, fd, H2O_SOCKET_FLAG_IS_ACCEPTED_CONNECTION);
-        struct conn *c = kvi_xcalloc(1, sizeof *c);
         c->w = w;
         c->fd = fd;
         c->idle_since = h2o_now(w->ctx.loop);
@@ -206,7 +220,9 @@ static void on_accept(h2o_socket_t *listener, const char *err)
  * alone) kept a connection and its slot forever. Every REAP_DIVISOR-th of
  * the timeout each loop shuts down the connections that have had no request
  * dispatched for twice the timeout (h2o's own, graceful close comes first
- * for every well-behaved idle connection).
+ * for every well-behaved idle connection), and those holding an answer the
+ * client has taken nothing of for the timeout (the write deadline h2o 2.2
+ * lacks; see net/http_guard.c).
  */
 #define REAP_DIVISOR 4
 
@@ -216,7 +232,10 @@ static void on_reap(h2o_timeout_entry_t *e)
     uint64_t now = h2o_now(w->ctx.loop), limit = 2 * (uint64_t)w->srv->opt.idle_timeout_ms;
     for (h2o_linklist_t *n = w->conns.next; n != &w->conns; n = n->next) {
         struct conn *c = H2O_STRUCT_FROM_MEMBER(struct conn, link, n);
-        if (!c->shut && c->inflight == 0 && now - c->idle_since >= limit) {
+        if (c->shut)
+            continue;
+        if (c->inflight == 0 ? now - c->idle_since >= limit
+                             : kvi_http__conn_stalled(w, c, now, w->srv->opt.idle_timeout_ms)) {
             shutdown(c->fd, SHUT_RDWR);
             c->shut = true;
         }
@@ -414,7 +433,11 @@ void kvi_http_options_init(struct kvi_http_options *o)
     o->idle_timeout_ms = 60000;
     o->handshake_timeout_ms = 10000;
     o->max_connections = 16384;
+    o->max_conns_per_addr = 1024;
     o->h2_max_streams = 100;
+    o->h2_max_resets = 1000;
+    o->conn_output_limit = (size_t)16 << 20;
+    o->output_limit = (size_t)256 << 20;
     o->shutdown_grace_ms = 1500;
     o->backlog = 4096;
 }
@@ -530,6 +553,7 @@ static void server_destroy(struct kvi_http_server *s)
         free(w->ctr);
     }
     free(s->workers);
+    kvi_http__guard_fini(s);
     for (int i = 0; i < s->nroutes; i++)
         free(s->routes[i].path);
     free(s->routes);
@@ -581,7 +605,9 @@ struct kvi_http_server *kvi_http_server_create(const struct kvi_http_options *o)
         s->workers[i].srv = s;
         s->workers[i].idx = i;
         s->workers[i].listen_fd = -1;
+        s->workers[i].out_limit = s->opt.output_limit == 0 ? 0 : KVI_MAX(s->opt.output_limit / s->nthreads, (size_t)1);
     }
+    kvi_http__guard_init(s);
 
     int rc = 0;
     if (s->opt.tls_cert_file != NULL)
@@ -760,6 +786,7 @@ void kvi_http_server_stats(const struct kvi_http_server *s, struct kvi_http_stat
     out->conns_open = atomic_load_explicit(&s->conns_open, memory_order_relaxed);
     out->conns_accepted = atomic_load_explicit(&s->conns_accepted, memory_order_relaxed);
     out->conns_rejected = atomic_load_explicit(&s->conns_rejected, memory_order_relaxed);
+    out->conns_rejected_addr = atomic_load_explicit(&s->conns_rejected_addr, memory_order_relaxed);
     if (!atomic_load_explicit(&s->started, memory_order_acquire))
         return;
     for (unsigned i = 0; i < s->nthreads; i++) {
@@ -770,6 +797,13 @@ void kvi_http_server_stats(const struct kvi_http_server *s, struct kvi_http_stat
         out->in_flight += atomic_load_explicit(&w->in_flight, memory_order_relaxed);
         out->rejected += atomic_load_explicit(&w->rejected, memory_order_relaxed);
         out->listeners += atomic_load_explicit(&w->listening, memory_order_relaxed);
+        out->accept_failures += atomic_load_explicit(&w->accept_failures, memory_order_relaxed);
+        out->h2_resets += atomic_load_explicit(&w->h2_resets, memory_order_relaxed);
+        out->h2_reset_floods += atomic_load_explicit(&w->h2_floods, memory_order_relaxed);
+        out->output_buffered += atomic_load_explicit(&w->out_buffered, memory_order_relaxed);
+        out->output_conn_closed += atomic_load_explicit(&w->out_conn_closed, memory_order_relaxed);
+        out->output_refused += atomic_load_explicit(&w->out_refused, memory_order_relaxed);
+        out->write_timeouts += atomic_load_explicit(&w->write_timeouts, memory_order_relaxed);
     }
 }
 

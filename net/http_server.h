@@ -51,8 +51,29 @@
  * shuts down any connection that has had no request dispatched for 2 T (a
  * stream trickling its body, or PINGs alone, do not keep it). A pushed
  * stream whose client takes nothing for T is cut (kvi_http_stream_write).
- * An answer the client never reads otherwise holds its connection until the
- * client closes: h2o 2.2 has no write timeout. Closes for T carry no answer.
+ * Write deadline: a connection holding an answer (whole, pulled chunk or
+ * pushed send) the client has taken nothing of for T is shut down (HTTP/2
+ * DATA frames written count as progress; h2o 2.2 has no write timeout of
+ * its own). Closes for T carry no answer.
+ *
+ * Limits (net/http_guard.c; each counted in kvi_http_stats and logged at
+ * warn, at most one line a second per loop thread):
+ *   - max_conns_per_addr: a connection from an address that already has
+ *     that many open is accepted and closed at once (conns_rejected_addr);
+ *   - h2_max_resets: RST_STREAM frames of one HTTP/2 connection spend a
+ *     bucket of that many tokens refilled at that many per 10 s; with it
+ *     empty the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed
+ *     (h2_reset_floods; only with h2o 2.2.5, whose connection head is
+ *     known, see http_guard.c);
+ *   - conn_output_limit: whole answers count their body plus 4 KiB from
+ *     when they are handed to h2o until the client has taken them; a
+ *     connection past the limit (with at least one answer before) is shut
+ *     down (output_conn_closed);
+ *   - output_limit: the same summed over connections, each loop thread
+ *     holding output_limit / threads; an answer past its loop's share (with
+ *     at least one answer held) is replaced by 503 JSON (output_refused);
+ *   - a failed accept(2) for want of descriptors or memory pauses accepting
+ *     for 100 ms (accept_failures).
  *
  * Body limits. h2o 2.2 buffers the whole request body before the handler
  * runs. h2o enforces the largest configured limit (global or any route's)
@@ -178,7 +199,11 @@ struct kvi_http_options {
     unsigned idle_timeout_ms;      /* default 60 000; see Timeouts above */
     unsigned handshake_timeout_ms; /* TLS handshake; default 10 000 */
     unsigned max_connections;      /* open connections over all threads; default 16 384 */
+    unsigned max_conns_per_addr;   /* open connections from one client address; default 1 024, 0 = no limit */
     unsigned h2_max_streams;       /* concurrent requests per HTTP/2 connection; default 100 */
+    unsigned h2_max_resets;        /* streams one HTTP/2 connection may reset early; default 1 000, 0 = no limit */
+    size_t conn_output_limit;      /* unread answer bytes one connection may hold; default 16 MiB, 0 = no limit */
+    size_t output_limit;           /* unread answer bytes over all connections; default 256 MiB, 0 = no limit */
     unsigned shutdown_grace_ms;    /* how long stop lets requests finish; default 1 500 */
     int backlog;                   /* listen(2) backlog per socket; default 4 096 */
     /* Per-thread hooks, both optional, run on each loop thread: init after it
@@ -397,6 +422,15 @@ struct kvi_http_stats {
     uint64_t in_flight;      /* dispatched requests not yet finished */
     uint64_t rejected;       /* 400s for ambiguous framing or a refused target (see Bad input); also in unmatched */
     unsigned listeners;      /* listening sockets still open */
+    /* Abuse limits (see Limits above). */
+    uint64_t conns_rejected_addr; /* over max_conns_per_addr */
+    uint64_t accept_failures;     /* accept(2) failed for want of descriptors or memory */
+    uint64_t h2_resets;           /* HTTP/2 streams the client reset before their answer was done */
+    uint64_t h2_reset_floods;     /* connections closed with GOAWAY ENHANCE_YOUR_CALM past h2_max_resets */
+    uint64_t output_buffered;     /* unread answer bytes held now (gauge, with the per-answer overhead) */
+    uint64_t output_conn_closed;  /* connections closed past conn_output_limit */
+    uint64_t output_refused;      /* answers replaced by 503 past output_limit */
+    uint64_t write_timeouts;      /* connections closed: an answer not taken for idle_timeout_ms */
 };
 
 /** Sum the server-wide figures over every thread. */

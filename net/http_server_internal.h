@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
 
 #include <h2o.h>
 #include <openssl/ssl.h>
@@ -89,6 +91,17 @@ struct worker {
     _Atomic uint64_t in_flight;
     _Atomic unsigned listening;
     _Atomic uint64_t rejected; /* refused by the framing and target rules (loop thread writes) */
+    /* Abuse limits (net/http_guard.c); written by this loop only, read by stats. */
+    _Atomic uint64_t out_buffered;   /* unread answer bytes charged on this loop */
+    _Atomic uint64_t out_conn_closed;
+    _Atomic uint64_t out_refused;
+    _Atomic uint64_t write_timeouts;
+    _Atomic uint64_t h2_resets;
+    _Atomic uint64_t h2_floods;
+    _Atomic uint64_t accept_failures;
+    size_t out_limit;                /* this loop's share of opt.output_limit (0: none) */
+    uint64_t log_after;              /* loop clock (ms): no further warning line before it */
+    unsigned log_skipped;            /* warnings left out since the last one */
 };
 
 /* One accepted connection (loop thread only). */
@@ -101,6 +114,13 @@ struct conn {
     uint64_t idle_since; /* loop clock (ms) when inflight last became 0, or the accept */
     bool shut;
     bool reject_logged;  /* a refused request was logged: once per connection is enough */
+    bool addr_held;      /* counted in the per-address table under addr */
+    uint8_t addr[16];    /* peer address, IPv4 as ::ffff:a.b.c.d */
+    size_t out;          /* unread answer bytes charged to this connection (net/http_guard.c) */
+    /* HTTP/2 early-reset budget: a token bucket (net/http_guard.c) */
+    ssize_t (*h2_next)(void *h2conn, const uint8_t *src, size_t len, const char **err_desc); /* h2o's reader */
+    double reset_tokens;
+    uint64_t reset_at;   /* loop clock (ms) of the last refill */
 };
 
 struct handler_ext {
@@ -130,6 +150,8 @@ struct kvi_http_server {
     _Atomic uint64_t conns_accepted;
     _Atomic uint64_t conns_rejected;
     _Atomic int64_t outstanding; /* deferred handles not completed + streams not ended */
+    _Atomic uint64_t conns_rejected_addr;
+    struct kvi_http_addrs *addrs; /* per-address connection counts; NULL without the limit */
 };
 
 enum { R_NONE, R_DONE, R_DEFERRED, R_PULL, R_PUSH };
@@ -146,6 +168,9 @@ struct kvi_http_res {
     bool head;
     bool accounted; /* counted as answered or aborted */
     uint64_t t0;
+    size_t out;          /* bytes charged to the output budgets while the answer is unread */
+    uint64_t wait_since; /* loop clock (ms) since when h2o holds data of ours the client has not taken; 0: none */
+    uint64_t sent_seen;  /* req->bytes_sent when wait_since was last set (HTTP/2 progress) */
     struct kvi_http_deferred *def;
     struct kvi_http_stream *stream;
     struct {
@@ -213,6 +238,9 @@ void kvi_http__post(struct worker *w, struct msg *m);
 /** The connection record of @p req, or NULL (not one of ours, or already closed). */
 struct conn *kvi_http__conn_of(h2o_req_t *req);
 
+/** The connection record of @p sock, or NULL (not one of ours). */
+struct conn *kvi_http__conn_of_sock(h2o_socket_t *sock);
+
 /* http_request.c */
 
 /** The h2o handler at "/": route, check and call the route's callback. */
@@ -236,6 +264,56 @@ void kvi_http__res_count_abort(struct kvi_http_res *r);
 /** Answer @p r with a JSON error {"error": text}. */
 void kvi_http__send_error(struct kvi_http_res *r, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* http_guard.c: the abuse limits (see "Limits" in net/http_server.h) */
+
+/** Set up @p s's guards from its options (create): the per-address table. */
+void kvi_http__guard_init(struct kvi_http_server *s);
+
+/** Free what kvi_http__guard_init made (server destroy, loops joined). */
+void kvi_http__guard_fini(struct kvi_http_server *s);
+
+/**
+ * Count a new connection from @p sa against max_conns_per_addr (loop
+ * thread, accept). @return true when it may stay (c->addr, c->addr_held
+ * set), false when its address is at the limit (counted and logged; the
+ * caller closes it).
+ */
+bool kvi_http__addr_acquire(struct worker *w, struct conn *c, const struct sockaddr *sa, socklen_t len);
+
+/** Uncount @p c's address (loop thread, connection closed). */
+void kvi_http__addr_release(struct worker *w, struct conn *c);
+
+/** Count a failed accept(2) with @p err and log it (loop thread; rate-limited). */
+void kvi_http__accept_failed(struct worker *w, int err);
+
+/**
+ * Charge a whole answer of @p len body bytes to @p r's connection and loop
+ * before it is handed to h2o (loop thread). @return 0 when it fits; 1 when
+ * the loop's share of output_limit is spent (the caller answers 503 instead,
+ * charged the same way); 2 when the connection is past conn_output_limit
+ * (it has been shut down; the caller answers anyway, h2o drops it).
+ */
+int kvi_http__out_charge(struct kvi_http_res *r, size_t len, bool force);
+
+/** Return @p r's charge (loop thread, request disposed). */
+void kvi_http__out_release(struct kvi_http_res *r);
+
+/** Note that h2o now holds data of @p r the client has yet to take (loop thread). */
+void kvi_http__out_waiting(struct kvi_http_res *r);
+
+/**
+ * Whether @p c holds an answer the client has not taken (no progress) for
+ * @p limit_ms at loop time @p now; counted and logged when true (loop thread,
+ * reaper).
+ */
+bool kvi_http__conn_stalled(struct worker *w, struct conn *c, uint64_t now, uint64_t limit_ms);
+
+/**
+ * Watch @p req's HTTP/2 connection for streams reset early (loop thread,
+ * dispatch; once per connection, a no-op for HTTP/1.x or with no limit).
+ */
+void kvi_http__h2_guard(struct kvi_http_server *s, struct conn *c, h2o_req_t *req);
 
 /* http_stream.c */
 

@@ -83,9 +83,11 @@ static void pull_next(struct kvi_http_res *r)
             kvi_die("http: pull() returned %zd bytes for a %u-byte buffer", n, KVI_HTTP_PULL_CHUNK);
         h2o_iovec_t v = h2o_iovec_init(r->pull.buf, (size_t)n);
         r->pull.bytes += (uint64_t)n;
+        kvi_http__out_waiting(r);
         h2o_send(req, &v, 1, H2O_SEND_STATE_IN_PROGRESS);
     } else if (n == 0) {
         pull_finish(r, 0);
+        kvi_http__out_waiting(r);
         h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
     } else {
         pull_finish(r, (int)n);
@@ -181,6 +183,7 @@ static void push_flush(struct kvi_http_stream *st)
         return;
     }
     st->bytes += bytes;
+    kvi_http__out_waiting(st->res);
     if (fin)
         kvi_http__push_finish(st, true);
     h2o_send(req, iov, n, fin ? H2O_SEND_STATE_FINAL : H2O_SEND_STATE_IN_PROGRESS);
@@ -191,6 +194,7 @@ static void push_proceed(h2o_generator_t *g, h2o_req_t *req)
     struct kvi_http_stream *st = H2O_STRUCT_FROM_MEMBER(struct kvi_http_stream, gen, g);
     kvi_http__free_chunks(st->sending);
     st->sending = NULL;
+    st->res->wait_since = 0; /* the client took it all; push_flush notes the next send */
     push_flush(st);
 }
 

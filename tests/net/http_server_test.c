@@ -459,6 +459,7 @@ static int group_setup(void **state)
     o.threads = 2;
     o.body_limit = 64 * 1024;
     o.admin_token = "s3cret";
+    o.max_conns_per_addr = 0; /* test_idle_connections opens thousands from 127.0.0.1 */
     o.thread_init = t_init;
     o.thread_fini = t_fini;
     g_srv = kvi_http_server_create(&o);
