@@ -448,43 +448,41 @@ static void render_misc(const struct kvi_metrics_src *src, struct kvi_buf *b)
 {
     struct kvi_http_stats hs;
     kvi_http_server_stats(src->srv, &hs);
-    put_help(b, "kvidx_http_connections_open", "gauge", "open HTTP connections");
-    put_u64(b, "kvidx_http_connections_open", "", hs.conns_open);
-    put_help(b, "kvidx_http_connections_accepted_total", "counter", "HTTP connections accepted");
-    put_u64(b, "kvidx_http_connections_accepted_total", "", hs.conns_accepted);
-    put_help(b, "kvidx_http_connections_rejected_total", "counter", "HTTP connections refused over the limit");
-    put_u64(b, "kvidx_http_connections_rejected_total", "", hs.conns_rejected);
-    put_help(b, "kvidx_http_connections_rejected_per_address_total", "counter",
-             "HTTP connections refused over --max-conns-per-addr");
-    put_u64(b, "kvidx_http_connections_rejected_per_address_total", "", hs.conns_rejected_addr);
-    put_help(b, "kvidx_http_accept_failures_total", "counter",
-             "accept() failures for want of descriptors or memory (accepting pauses 100 ms)");
-    put_u64(b, "kvidx_http_accept_failures_total", "", hs.accept_failures);
-    put_help(b, "kvidx_http_h2_stream_resets_total", "counter", "RST_STREAM frames received from HTTP/2 clients");
-    put_u64(b, "kvidx_http_h2_stream_resets_total", "", hs.h2_resets);
-    put_help(b, "kvidx_http_h2_reset_floods_total", "counter",
-             "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM past --h2-max-resets");
-    put_u64(b, "kvidx_http_h2_reset_floods_total", "", hs.h2_reset_floods);
-    put_help(b, "kvidx_http_output_buffered_bytes", "gauge",
-             "answer bytes handed to clients and not yet taken (with 4096 per answer for its request)");
-    put_u64(b, "kvidx_http_output_buffered_bytes", "", hs.output_buffered);
-    put_help(b, "kvidx_http_output_conn_closed_total", "counter",
-             "connections closed past --http-conn-output-limit unread answer bytes");
-    put_u64(b, "kvidx_http_output_conn_closed_total", "", hs.output_conn_closed);
-    put_help(b, "kvidx_http_output_refused_total", "counter", "answers replaced by 503 past --http-output-limit");
-    put_u64(b, "kvidx_http_output_refused_total", "", hs.output_refused);
-    put_help(b, "kvidx_http_write_timeouts_total", "counter",
-             "connections closed because the client took nothing of an answer for --idle-timeout-ms");
-    put_u64(b, "kvidx_http_write_timeouts_total", "", hs.write_timeouts);
-    put_help(b, "kvidx_http_requests_rejected_total", "counter",
-             "requests refused with 400 for ambiguous framing or a non-canonical target");
-    put_u64(b, "kvidx_http_requests_rejected_total", "", hs.rejected);
-    put_help(b, "kvidx_http_requests_in_flight", "gauge", "dispatched HTTP requests not yet finished");
-    put_u64(b, "kvidx_http_requests_in_flight", "", hs.in_flight);
-    put_help(b, "kvidx_http_request_bytes_total", "counter", "request body bytes");
-    put_u64(b, "kvidx_http_request_bytes_total", "", hs.all.bytes_in);
-    put_help(b, "kvidx_http_response_bytes_total", "counter", "response body bytes");
-    put_u64(b, "kvidx_http_response_bytes_total", "", hs.all.bytes_out);
+    const struct {
+        const char *name, *type, *help;
+        uint64_t v;
+    } http[] = {
+        {"kvidx_http_connections_open", "gauge", "open HTTP connections", hs.conns_open},
+        {"kvidx_http_connections_accepted_total", "counter", "HTTP connections accepted", hs.conns_accepted},
+        {"kvidx_http_connections_rejected_total", "counter", "HTTP connections refused over the limit",
+         hs.conns_rejected},
+        {"kvidx_http_connections_rejected_per_address_total", "counter",
+         "HTTP connections refused over --max-conns-per-addr", hs.conns_rejected_addr},
+        {"kvidx_http_accept_failures_total", "counter",
+         "accept() failures for want of descriptors or memory (accepting pauses 100 ms)", hs.accept_failures},
+        {"kvidx_http_h2_stream_resets_total", "counter", "RST_STREAM frames received from HTTP/2 clients",
+         hs.h2_resets},
+        {"kvidx_http_h2_reset_floods_total", "counter",
+         "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM past --h2-max-resets", hs.h2_reset_floods},
+        {"kvidx_http_output_buffered_bytes", "gauge",
+         "answer bytes handed to clients and not yet taken (with 4096 per answer for its request)",
+         hs.output_buffered},
+        {"kvidx_http_output_conn_closed_total", "counter",
+         "connections closed past --http-conn-output-limit unread answer bytes", hs.output_conn_closed},
+        {"kvidx_http_output_refused_total", "counter", "answers replaced by 503 past --http-output-limit",
+         hs.output_refused},
+        {"kvidx_http_write_timeouts_total", "counter",
+         "connections closed because the client took nothing of an answer for --idle-timeout-ms", hs.write_timeouts},
+        {"kvidx_http_requests_rejected_total", "counter",
+         "requests refused with 400 for ambiguous framing or a non-canonical target", hs.rejected},
+        {"kvidx_http_requests_in_flight", "gauge", "dispatched HTTP requests not yet finished", hs.in_flight},
+        {"kvidx_http_request_bytes_total", "counter", "request body bytes", hs.all.bytes_in},
+        {"kvidx_http_response_bytes_total", "counter", "response body bytes", hs.all.bytes_out},
+    };
+    for (size_t i = 0; i < sizeof http / sizeof http[0]; i++) {
+        put_help(b, http[i].name, http[i].type, http[i].help);
+        put_u64(b, http[i].name, "", http[i].v);
+    }
 
     struct kvi_status_view sv;
     kvi_service_status(src->svc, &sv);

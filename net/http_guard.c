@@ -50,6 +50,8 @@
 #include "net/http_server_internal.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -94,6 +96,23 @@ static void addr_text(const uint8_t a[16], char *out, size_t cap)
         inet_ntop(AF_INET, a + 12, out, (socklen_t)cap);
     else
         inet_ntop(AF_INET6, a, out, (socklen_t)cap);
+}
+
+/* One warning about the client at @p addr: "http: <what> <address>: <fmt...>", rate-limited. */
+static void warn_peer(struct worker *w, const uint8_t addr[16], const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void warn_peer(struct worker *w, const uint8_t addr[16], const char *what, const char *fmt, ...)
+{
+    unsigned skipped;
+    if (!warn_due(w, &skipped))
+        return;
+    char text[INET6_ADDRSTRLEN], why[256];
+    addr_text(addr, text, sizeof text);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    kvi_log_warn("http: %s %s: %s (%u other warnings left out)", what, text, why, skipped);
 }
 
 /* ---- connections per client address ---- */
@@ -203,14 +222,7 @@ bool kvi_http__addr_acquire(struct worker *w, struct conn *c, const struct socka
         return true;
     }
     atomic_fetch_add_explicit(&s->conns_rejected_addr, 1, memory_order_relaxed);
-    unsigned skipped;
-    if (warn_due(w, &skipped)) {
-        char text[INET6_ADDRSTRLEN];
-        addr_text(c->addr, text, sizeof text);
-        kvi_log_warn("http: refused a connection from %s: it has %u open, the --max-conns-per-addr limit "
-                     "(%u other warnings left out)",
-                     text, had, skipped);
-    }
+    warn_peer(w, c->addr, "refused a connection from", "it has %u open, the --max-conns-per-addr limit", had);
     return false;
 }
 
@@ -269,14 +281,9 @@ int kvi_http__out_charge(struct kvi_http_res *r, size_t len, bool force)
     shutdown(c->fd, SHUT_RDWR);
     c->shut = true;
     kvi_relaxed_add(&w->out_conn_closed, 1);
-    unsigned skipped;
-    if (warn_due(w, &skipped)) {
-        char text[INET6_ADDRSTRLEN];
-        addr_text(c->addr, text, sizeof text);
-        kvi_log_warn("http: closed a connection from %s: its unread answers reached %zu bytes, over "
-                     "--http-conn-output-limit (%zu) (%u other warnings left out)",
-                     text, c->out, s->opt.conn_output_limit, skipped);
-    }
+    warn_peer(w, c->addr, "closed a connection from",
+              "its unread answers reached %zu bytes, over --http-conn-output-limit (%zu)", c->out,
+              s->opt.conn_output_limit);
     return 2;
 }
 
@@ -313,14 +320,8 @@ bool kvi_http__conn_stalled(struct worker *w, struct conn *c, uint64_t now, uint
         if (now - r->wait_since < limit_ms)
             continue;
         kvi_relaxed_add(&w->write_timeouts, 1);
-        unsigned skipped;
-        if (warn_due(w, &skipped)) {
-            char text[INET6_ADDRSTRLEN];
-            addr_text(c->addr, text, sizeof text);
-            kvi_log_warn("http: closed a connection from %s: it took nothing of an answer for %llu ms "
-                         "(--idle-timeout-ms) (%u other warnings left out)",
-                         text, (unsigned long long)(now - r->wait_since), skipped);
-        }
+        warn_peer(w, c->addr, "closed a connection from", "it took nothing of an answer for %llu ms (--idle-timeout-ms)",
+                  (unsigned long long)(now - r->wait_since));
         return true;
     }
     return false;
@@ -404,14 +405,9 @@ static ssize_t h2_read_guard(void *h2conn, const uint8_t *src, size_t len, const
             kvi_relaxed_add(&w->h2_resets, 1);
             if (!reset_take(w, c)) {
                 kvi_relaxed_add(&w->h2_floods, 1);
-                unsigned skipped;
-                if (warn_due(w, &skipped)) {
-                    char text[INET6_ADDRSTRLEN];
-                    addr_text(c->addr, text, sizeof text);
-                    kvi_log_warn("http: GOAWAY (ENHANCE_YOUR_CALM) to %s: it reset streams before their answer "
-                                 "faster than --h2-max-resets (%u per 10 s) allows (%u other warnings left out)",
-                                 text, w->srv->opt.h2_max_resets, skipped);
-                }
+                warn_peer(w, c->addr, "GOAWAY (ENHANCE_YOUR_CALM) to",
+                          "it reset streams faster than --h2-max-resets (%u per 10 s) allows",
+                          w->srv->opt.h2_max_resets);
                 *err_desc = "too many streams reset before their answer";
                 return H2O_HTTP2_ERROR_ENHANCE_YOUR_CALM;
             }
