@@ -227,7 +227,7 @@ void kvi_http__set_head(h2o_req_t *req, int status, const char *ctype)
     }
 }
 
-/* Send a whole answer whose body lives at least as long as the request. */
+/* Count @p r as answered with @p status and @p bytes_out body bytes (net/http_server_internal.h). */
 void kvi_http__res_count_answer(struct kvi_http_res *r, int status, uint64_t bytes_out)
 {
     r->accounted = true;
@@ -246,11 +246,16 @@ static size_t json_error_into_pool(struct kvi_http_res *r, const char *text, siz
     return json_error_body(*body, text, n);
 }
 
-static void send_final(struct kvi_http_res *r, int status, const char *ctype, const void *body, size_t len)
+/*
+ * Send a whole answer. With @p copy the body is copied into the request's
+ * pool first (it need not outlive this call), otherwise it lives at least as
+ * long as the request. The output budgets (net/http_guard.c) are checked
+ * before anything is copied: past the loop's share the answer becomes a
+ * short 503; past the connection's, the connection is shut.
+ */
+static void send_body(struct kvi_http_res *r, int status, const char *ctype, const void *body, size_t len, bool copy)
 {
     h2o_req_t *req = r->req;
-    /* The output budgets (net/http_guard.c): past the loop's share the answer
-     * becomes a short 503; past the connection's, the connection is shut. */
     if (kvi_http__out_charge(r, r->head ? 0 : len, false) == 1) {
         static const char text[] = "the server holds too many unread answers; retry later";
         char *b;
@@ -258,7 +263,13 @@ static void send_final(struct kvi_http_res *r, int status, const char *ctype, co
         body = b;
         status = 503;
         ctype = "application/json";
+        copy = false;
         kvi_http__out_charge(r, r->head ? 0 : len, true);
+    }
+    if (copy && len != 0 && !r->head) {
+        void *dup = h2o_mem_alloc_pool(&req->pool, len);
+        memcpy(dup, body, len);
+        body = dup;
     }
     kvi_http__out_waiting(r);
     kvi_http__set_head(req, status, ctype);
@@ -274,6 +285,11 @@ static void send_final(struct kvi_http_res *r, int status, const char *ctype, co
         h2o_iovec_t v = h2o_iovec_init(body, len);
         h2o_send(req, &v, 1, H2O_SEND_STATE_FINAL);
     }
+}
+
+static void send_final(struct kvi_http_res *r, int status, const char *ctype, const void *body, size_t len)
+{
+    send_body(r, status, ctype, body, len, false);
 }
 
 static void send_json_error(struct kvi_http_res *r, int status, const char *text, size_t n)
@@ -331,12 +347,7 @@ void *kvi_http_alloc(struct kvi_http_res *r, size_t n)
 void kvi_http_respond(struct kvi_http_res *r, int status, const char *ctype, const void *body, size_t len)
 {
     kvi_http__answer_check(r);
-    void *copy = NULL;
-    if (len != 0 && !r->head) {
-        copy = h2o_mem_alloc_pool(&r->req->pool, len);
-        memcpy(copy, body, len);
-    }
-    send_final(r, status, ctype, copy, len);
+    send_body(r, status, ctype, body, len, true);
 }
 
 void kvi_http_respond_nocopy(struct kvi_http_res *r, int status, const char *ctype, const void *body, size_t len)
