@@ -12,6 +12,7 @@
 #include "api/codec.h"
 #include "engine/common.h"
 #include "api/json.h"
+#include "net/msgpack_wire.h"
 
 /* ---- reader internals (json.c) ------------------------------------------- */
 
@@ -157,72 +158,7 @@ static inline char *kvi__w_mem(char *o, const void *s, size_t n)
 /** Copy a string literal (without its NUL). */
 #define KVI__W_LIT(o, lit) kvi__w_mem((o), (lit), sizeof(lit) - 1)
 
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define KVI__BE16(v) __builtin_bswap16(v)
-#define KVI__BE32(v) __builtin_bswap32(v)
-#define KVI__BE64(v) __builtin_bswap64(v)
-#else
-#define KVI__BE16(v) (v)
-#define KVI__BE32(v) (v)
-#define KVI__BE64(v) (v)
-#endif
-
-/* A msgpack tag and its big-endian @p w-byte payload (w = 1, 2, 4 or 8). */
-static inline char *kvi__w_be(char *o, uint8_t tag, uint64_t v, int w)
-{
-    *o++ = (char)tag;
-    if (w == 1) {
-        *o = (char)v;
-    } else if (w == 2) {
-        uint16_t x = KVI__BE16((uint16_t)v);
-        memcpy(o, &x, 2);
-    } else if (w == 4) {
-        uint32_t x = KVI__BE32((uint32_t)v);
-        memcpy(o, &x, 4);
-    } else {
-        uint64_t x = KVI__BE64(v);
-        memcpy(o, &x, 8);
-    }
-    return o + w;
-}
-
-/** msgpack unsigned integer, smallest form (at most 9 bytes). */
-static inline __attribute__((always_inline)) char *kvi__w_mp_uint(char *o, uint64_t v)
-{
-    if (v <= 0x7f) {
-        *o = (char)v;
-        return o + 1;
-    }
-    if (v <= 0xff)
-        return kvi__w_be(o, 0xcc, v, 1);
-    if (v <= 0xffff)
-        return kvi__w_be(o, 0xcd, v, 2);
-    if (v <= 0xffffffffu)
-        return kvi__w_be(o, 0xce, v, 4);
-    return kvi__w_be(o, 0xcf, v, 8);
-}
-
-/** msgpack map header (at most 5 bytes). */
-static inline char *kvi__w_mp_map(char *o, uint32_t n)
-{
-    if (n <= 15) {
-        *o = (char)(0x80 | n);
-        return o + 1;
-    }
-    return n <= 0xffff ? kvi__w_be(o, 0xde, n, 2) : kvi__w_be(o, 0xdf, n, 4);
-}
-
-/** msgpack str header (at most 5 bytes). */
-static inline char *kvi__w_mp_str_hdr(char *o, size_t len)
-{
-    if (len <= 31) {
-        *o = (char)(0xa0 | len);
-        return o + 1;
-    }
-    if (len <= 0xff)
-        return kvi__w_be(o, 0xd9, len, 1);
-    return len <= 0xffff ? kvi__w_be(o, 0xda, len, 2) : kvi__w_be(o, 0xdb, len, 4);
-}
+/* msgpack writers: net/msgpack_wire.h (kvi_mp_w_*). */
 
 /** A msgpack str holding the decimal form of @p v (at most 21 bytes). */
 static inline __attribute__((always_inline)) char *kvi__w_mp_dec_str(char *o, uint64_t v)
@@ -355,7 +291,7 @@ static inline __attribute__((always_inline)) char *kvi__w_dec_key(char *o, uint6
 static inline char *kvi__w_str_key(char *o, const char *s, size_t len, bool mp)
 {
     if (mp)
-        return len > 0 ? kvi__w_mem(kvi__w_mp_str_hdr(o, len), s, len) : kvi__w_mp_str_hdr(o, 0);
+        return len > 0 ? kvi__w_mem(kvi_mp_w_str_hdr(o, len), s, len) : kvi_mp_w_str_hdr(o, 0);
     o = kvi__w_json_str(o, s, len);
     *o++ = ':';
     return o;
@@ -363,20 +299,20 @@ static inline char *kvi__w_str_key(char *o, const char *s, size_t len, bool mp)
 
 /** A constant key (a string literal of at most 31 bytes, nothing to escape). */
 #define KVI__W_KEY(o, mp, k)                                                                       \
-    ((mp) ? kvi__w_mem(kvi__w_mp_str_hdr((o), sizeof(k) - 1), (k), sizeof(k) - 1)                 \
+    ((mp) ? kvi__w_mem(kvi_mp_w_str_hdr((o), sizeof(k) - 1), (k), sizeof(k) - 1)                 \
           : KVI__W_LIT((o), "\"" k "\":"))
 
 /** An unsigned value. */
 static inline char *kvi__w_uint(char *o, uint64_t v, bool mp)
 {
-    return mp ? kvi__w_mp_uint(o, v) : kvi__w_dec(o, v);
+    return mp ? kvi_mp_w_uint(o, v) : kvi__w_dec(o, v);
 }
 
 /** Open a map of @p n entries ('{' in JSON). */
 static inline char *kvi__w_map(char *o, uint32_t n, bool mp)
 {
     if (mp)
-        return kvi__w_mp_map(o, n);
+        return kvi_mp_w_map_hdr(o, n, false);
     *o = '{';
     return o + 1;
 }

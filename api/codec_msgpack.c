@@ -17,21 +17,6 @@
 
 #include "api/codec_internal.h"
 
-static inline uint16_t be16(const uint8_t *p)
-{
-    return (uint16_t)((uint16_t)p[0] << 8 | p[1]);
-}
-
-static inline uint32_t be32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static inline uint64_t be64(const uint8_t *p)
-{
-    return (uint64_t)be32(p) << 32 | be32(p + 4);
-}
-
 static inline size_t left(const struct kvi_rd *rd)
 {
     return (size_t)(rd->_end - rd->_p);
@@ -113,7 +98,7 @@ static int read_len(struct kvi_rd *rd, uint8_t fixmask, int width, uint32_t *n)
     if (left(rd) < 1 + (size_t)width)
         return eof(rd);
     const uint8_t *q = rd->_p + 1;
-    *n = width == 1 ? q[0] : width == 2 ? be16(q) : be32(q);
+    *n = width == 1 ? q[0] : width == 2 ? kvi_load_be16(q) : kvi_load_be32(q);
     rd->_p += 1 + width;
     return 0;
 }
@@ -216,7 +201,7 @@ static int payload(struct kvi_rd *rd, const uint8_t **data, uint32_t *n, size_t 
             if (left(rd) < 1 + w)
                 return eof(rd);
             const uint8_t *q = rd->_p + 1;
-            *n = w == 1 ? q[0] : w == 2 ? be16(q) : be32(q);
+            *n = w == 1 ? q[0] : w == 2 ? kvi_load_be16(q) : kvi_load_be32(q);
             h = 1 + w;
             if (c >= 0xc7 && c <= 0xc9)
                 h++; /* ext type byte */
@@ -316,7 +301,7 @@ static inline int mp_int(struct kvi_rd *rd, struct kvi_num *out, enum kvi_vt *vt
     if (left(rd) < 1 + w)
         return eof(rd);
     const uint8_t *q = rd->_p + 1;
-    uint64_t u = w == 1 ? q[0] : w == 2 ? be16(q) : w == 4 ? be32(q) : be64(q);
+    uint64_t u = w == 1 ? q[0] : w == 2 ? kvi_load_be16(q) : w == 4 ? kvi_load_be32(q) : kvi_load_be64(q);
     rd->_p += 1 + w;
     if (c <= 0xcf) {
         out->mag = u;
@@ -476,12 +461,12 @@ void kvi_mp__describe(struct kvi_rd *rd, char *out, size_t cap)
     case KVI_VT_FLOAT: {
         double d = 0;
         if (*rd->_p == 0xca && left(rd) >= 5) {
-            uint32_t u = be32(rd->_p + 1);
+            uint32_t u = kvi_load_be32(rd->_p + 1);
             float f;
             memcpy(&f, &u, 4);
             d = f;
         } else if (left(rd) >= 9) {
-            uint64_t u = be64(rd->_p + 1);
+            uint64_t u = kvi_load_be64(rd->_p + 1);
             memcpy(&d, &u, 8);
         }
         snprintf(out, cap, "floating point `%g`", d);
@@ -506,89 +491,65 @@ void kvi_mp__describe(struct kvi_rd *rd, char *out, size_t cap)
 
 /* ---- writer ------------------------------------------------------------------ */
 
-static void put_hdr(struct kvi_buf *b, uint8_t tag, uint64_t v, int w)
+/* Room for one header at the end of @p b, or NULL (out of memory: the buffer records it). */
+static inline void *put_room(struct kvi_buf *b)
 {
-    char *p = kvi_buf_reserve(b, 1 + (size_t)w);
-    if (p == NULL)
-        return;
-    p[0] = (char)tag;
-    for (int i = 0; i < w; i++)
-        p[1 + i] = (char)(v >> (8 * (w - 1 - i)));
-    b->len += 1 + (size_t)w;
+    return kvi_buf_reserve(b, KVI_MP_HDR_MAX);
+}
+
+/* Account what a writer put at the end of @p b (@p at: kvi_buf_reserve's answer). */
+static inline void put_done(struct kvi_buf *b, void *at, void *end)
+{
+    b->len += (size_t)((char *)end - (char *)at);
 }
 
 void kvi_mp__put_map(struct kvi_buf *b, uint32_t n)
 {
-    if (n <= 15)
-        put_hdr(b, (uint8_t)(0x80 | n), 0, 0);
-    else if (n <= 0xffff)
-        put_hdr(b, 0xde, n, 2);
-    else
-        put_hdr(b, 0xdf, n, 4);
+    void *p = put_room(b);
+    if (p != NULL)
+        put_done(b, p, kvi_mp_w_map_hdr(p, n, false));
 }
 
 void kvi_mp__put_arr(struct kvi_buf *b, uint32_t n)
 {
-    if (n <= 15)
-        put_hdr(b, (uint8_t)(0x90 | n), 0, 0);
-    else if (n <= 0xffff)
-        put_hdr(b, 0xdc, n, 2);
-    else
-        put_hdr(b, 0xdd, n, 4);
+    void *p = put_room(b);
+    if (p != NULL)
+        put_done(b, p, kvi_mp_w_array_hdr(p, n));
 }
 
 void kvi_mp__put_str(struct kvi_buf *b, const char *s, size_t len)
 {
-    if (len <= 31)
-        put_hdr(b, (uint8_t)(0xa0 | len), 0, 0);
-    else if (len <= 0xff)
-        put_hdr(b, 0xd9, len, 1);
-    else if (len <= 0xffff)
-        put_hdr(b, 0xda, len, 2);
-    else
-        put_hdr(b, 0xdb, len, 4);
+    void *p = put_room(b);
+    if (p == NULL)
+        return;
+    put_done(b, p, kvi_mp_w_str_hdr(p, len));
     kvi_buf_put(b, s, len);
 }
 
 void kvi_mp__put_u64(struct kvi_buf *b, uint64_t v)
 {
-    if (v <= 0x7f)
-        put_hdr(b, (uint8_t)v, 0, 0);
-    else if (v <= 0xff)
-        put_hdr(b, 0xcc, v, 1);
-    else if (v <= 0xffff)
-        put_hdr(b, 0xcd, v, 2);
-    else if (v <= 0xffffffffu)
-        put_hdr(b, 0xce, v, 4);
-    else
-        put_hdr(b, 0xcf, v, 8);
+    void *p = put_room(b);
+    if (p != NULL)
+        put_done(b, p, kvi_mp_w_uint(p, v));
 }
 
 void kvi_mp__put_i64(struct kvi_buf *b, int64_t v)
 {
-    if (v >= 0) {
-        kvi_mp__put_u64(b, (uint64_t)v);
-        return;
-    }
-    uint64_t u = (uint64_t)v;
-    if (v >= -32)
-        put_hdr(b, (uint8_t)u, 0, 0);
-    else if (v >= INT8_MIN)
-        put_hdr(b, 0xd0, u & 0xff, 1);
-    else if (v >= INT16_MIN)
-        put_hdr(b, 0xd1, u & 0xffff, 2);
-    else if (v >= INT32_MIN)
-        put_hdr(b, 0xd2, u & 0xffffffffu, 4);
-    else
-        put_hdr(b, 0xd3, u, 8);
+    void *p = put_room(b);
+    if (p != NULL)
+        put_done(b, p, kvi_mp_w_int(p, v));
 }
 
 void kvi_mp__put_nil(struct kvi_buf *b)
 {
-    put_hdr(b, 0xc0, 0, 0);
+    void *p = put_room(b);
+    if (p != NULL)
+        put_done(b, p, kvi_mp_w_nil(p));
 }
 
 void kvi_mp__put_bool(struct kvi_buf *b, bool v)
 {
-    put_hdr(b, v ? 0xc3 : 0xc2, 0, 0);
+    void *p = put_room(b);
+    if (p != NULL)
+        put_done(b, p, kvi_mp_w_bool(p, v));
 }

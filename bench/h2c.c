@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "engine/common.h"
+#include "net/msgpack_wire.h"
 
 enum {
     F_DATA = 0x0,
@@ -100,11 +101,6 @@ static void put_frame_hdr(uint8_t *p, uint32_t len, uint8_t type, uint8_t flags,
     p[8] = (uint8_t)sid;
 }
 
-static uint32_t be32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
 static int write_all(struct kvi_h2c *c, const uint8_t *p, size_t n)
 {
     while (n > 0) {
@@ -153,7 +149,7 @@ static int read_frame(struct kvi_h2c *c, struct frame *f)
                 f->len = len;
                 f->type = h[3];
                 f->flags = h[4];
-                f->sid = be32(h + 5) & 0x7fffffffu;
+                f->sid = kvi_load_be32(h + 5) & 0x7fffffffu;
                 f->p = h + FRAME_HDR;
                 c->rpos += FRAME_HDR + len;
                 return 0;
@@ -302,7 +298,7 @@ static int on_settings(struct kvi_h2c *c, const struct frame *f, struct stream *
         return -EPROTO;
     for (uint32_t i = 0; i < f->len; i += 6) {
         uint16_t id = (uint16_t)(f->p[i] << 8 | f->p[i + 1]);
-        uint32_t v = be32(f->p + i + 2);
+        uint32_t v = kvi_load_be32(f->p + i + 2);
         if (id == S_INITIAL_WINDOW_SIZE) {
             if (s != NULL)
                 s->send_win += (int64_t)v - c->init_send_win;
@@ -402,15 +398,15 @@ static int on_frame(struct kvi_h2c *c, const struct frame *f, struct stream *s)
         if (f->len != 4)
             return -EPROTO;
         if (f->sid == 0)
-            c->conn_send_win += be32(f->p) & 0x7fffffffu;
+            c->conn_send_win += kvi_load_be32(f->p) & 0x7fffffffu;
         else if (mine)
-            s->send_win += be32(f->p) & 0x7fffffffu;
+            s->send_win += kvi_load_be32(f->p) & 0x7fffffffu;
         return 0;
     case F_RST_STREAM:
         return mine ? -ECONNABORTED : 0;
     case F_GOAWAY:
         c->dead = true;
-        if (f->len >= 4 && s != NULL && (be32(f->p) & 0x7fffffffu) >= s->id)
+        if (f->len >= 4 && s != NULL && (kvi_load_be32(f->p) & 0x7fffffffu) >= s->id)
             return 0; /* our stream is still served; the connection goes afterwards */
         return -ECONNRESET;
     default:

@@ -16,6 +16,7 @@
 #include "bench/trace.h"
 #include "bench/trace_map.h"
 #include "engine/common.h"
+#include "net/msgpack_wire.h"
 
 #define DEFAULT_TRACE_REL "shared/data/mooncake-traces/conversation_trace.jsonl"
 
@@ -632,7 +633,7 @@ static void sha_block(uint32_t h[8], const uint8_t *p)
 {
     uint32_t w[64];
     for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+        w[i] = kvi_load_be32(p + 4 * i);
     for (int i = 16; i < 64; i++) {
         uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
         uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);

@@ -207,7 +207,7 @@ static int read_hashes(struct cur *c, uint32_t n, unsigned depth, uint64_t *out,
         if (KVI_LIKELY(end - p >= 9)) {
             uint8_t b = *p;
             if (b == 0xcf || b == 0xd3) { /* u64 / i64: same bit pattern */
-                out[i] = be64(p + 1);
+                out[i] = kvi_load_be64(p + 1);
                 p += 9;
                 continue;
             }
@@ -291,7 +291,7 @@ static inline const uint8_t *tok_pair(const uint8_t *p, uint32_t *out, uint32_t 
     *ok &= (uint32_t)tok_simple(b0) & (uint32_t)tok_simple(b1); /* branch-free: both are pure */
     const uint8_t *q = p + l0;
     out[0] = tok_val(__builtin_bswap64(w), l0);
-    out[1] = tok_val(be64(q), l1);
+    out[1] = tok_val(kvi_load_be64(q), l1);
     return q + l1;
 }
 
@@ -327,10 +327,10 @@ static int read_tokens_flat(struct cur *c, uint32_t n, unsigned depth, uint32_t 
                 out[i] = b;
                 p += 1;
             } else if (b == 0xce) {
-                out[i] = be32(p + 1);
+                out[i] = kvi_load_be32(p + 1);
                 p += 5;
             } else if (b == 0xcd) {
-                out[i] = be16(p + 1);
+                out[i] = kvi_load_be16(p + 1);
                 p += 3;
             } else if (b == 0xcc) {
                 out[i] = p[1];
@@ -351,12 +351,12 @@ careful:
                 continue;
             }
             if (b == 0xce) {
-                out[i] = be32(p + 1);
+                out[i] = kvi_load_be32(p + 1);
                 p += 5;
                 continue;
             }
             if (b == 0xcd) {
-                out[i] = be16(p + 1);
+                out[i] = kvi_load_be16(p + 1);
                 p += 3;
                 continue;
             }

@@ -14,6 +14,7 @@
 
 #include "engine/common.h"
 #include "net/decode.h"
+#include "net/msgpack_wire.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the KV-event decoder (net/decode*.c) assumes a little-endian host"
@@ -55,25 +56,6 @@ struct mp_val {
 struct cur {
     const uint8_t *p, *end;
 };
-
-static inline uint16_t be16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, sizeof v);
-    return __builtin_bswap16(v);
-}
-static inline uint32_t be32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return __builtin_bswap32(v);
-}
-static inline uint64_t be64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return __builtin_bswap64(v);
-}
 
 static inline bool key_is(const struct mp_val *k, const char *lit, size_t lit_len)
 {

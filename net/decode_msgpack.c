@@ -86,11 +86,11 @@ int kvi_dec__mp_next(struct cur *c, struct mp_val *v)
         p += 1;
         goto bin;
     case 0xc5:
-        len = be16(p);
+        len = kvi_load_be16(p);
         p += 2;
         goto bin;
     case 0xc6:
-        len = be32(p);
+        len = kvi_load_be32(p);
         p += 4;
         goto bin;
     case 0xc7:
@@ -98,15 +98,15 @@ int kvi_dec__mp_next(struct cur *c, struct mp_val *v)
         p += 2;
         goto ext;
     case 0xc8:
-        len = be16(p);
+        len = kvi_load_be16(p);
         p += 3;
         goto ext;
     case 0xc9:
-        len = be32(p);
+        len = kvi_load_be32(p);
         p += 5;
         goto ext;
     case 0xca: {
-        uint32_t w = be32(p);
+        uint32_t w = kvi_load_be32(p);
         float f;
         memcpy(&f, &w, sizeof f);
         v->t = MP_FLOAT;
@@ -115,7 +115,7 @@ int kvi_dec__mp_next(struct cur *c, struct mp_val *v)
         break;
     }
     case 0xcb: {
-        uint64_t w = be64(p);
+        uint64_t w = kvi_load_be64(p);
         v->t = MP_FLOAT;
         memcpy(&v->f, &w, sizeof v->f);
         p += 8;
@@ -128,17 +128,17 @@ int kvi_dec__mp_next(struct cur *c, struct mp_val *v)
         break;
     case 0xcd:
         v->t = MP_UINT;
-        v->u = be16(p);
+        v->u = kvi_load_be16(p);
         p += 2;
         break;
     case 0xce:
         v->t = MP_UINT;
-        v->u = be32(p);
+        v->u = kvi_load_be32(p);
         p += 4;
         break;
     case 0xcf:
         v->t = MP_UINT;
-        v->u = be64(p);
+        v->u = kvi_load_be64(p);
         p += 8;
         break;
     case 0xd0:
@@ -146,15 +146,15 @@ int kvi_dec__mp_next(struct cur *c, struct mp_val *v)
         p += 1;
         goto sint;
     case 0xd1:
-        v->i = (int16_t)be16(p);
+        v->i = (int16_t)kvi_load_be16(p);
         p += 2;
         goto sint;
     case 0xd2:
-        v->i = (int32_t)be32(p);
+        v->i = (int32_t)kvi_load_be32(p);
         p += 4;
         goto sint;
     case 0xd3:
-        v->i = (int64_t)be64(p);
+        v->i = (int64_t)kvi_load_be64(p);
         p += 8;
         goto sint;
     case 0xd4:
@@ -174,27 +174,27 @@ int kvi_dec__mp_next(struct cur *c, struct mp_val *v)
         p += 1;
         goto str;
     case 0xda:
-        len = be16(p);
+        len = kvi_load_be16(p);
         p += 2;
         goto str;
     case 0xdb:
-        len = be32(p);
+        len = kvi_load_be32(p);
         p += 4;
         goto str;
     case 0xdc:
-        len = be16(p);
+        len = kvi_load_be16(p);
         p += 2;
         goto array;
     case 0xdd:
-        len = be32(p);
+        len = kvi_load_be32(p);
         p += 4;
         goto array;
     case 0xde:
-        len = be16(p);
+        len = kvi_load_be16(p);
         p += 2;
         goto map;
     case 0xdf:
-        len = be32(p);
+        len = kvi_load_be32(p);
         p += 4;
         goto map;
     default:

@@ -80,6 +80,7 @@
 
 #include "engine/common.h"
 #include "net/log.h"
+#include "net/msgpack_wire.h"
 
 #define MAX_EVENTS 64
 
@@ -91,24 +92,6 @@ char *kvi_lis__strdup(const char *s)
     char *d = kvi_xmalloc(n);
     memcpy(d, s, n);
     return d;
-}
-
-static uint64_t be64_get(const void *p)
-{
-    const uint8_t *b = p;
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = (v << 8) | b[i];
-    return v;
-}
-
-static void be64_put(void *p, uint64_t v)
-{
-    uint8_t *b = p;
-    for (int i = 7; i >= 0; i--) {
-        b[i] = (uint8_t)v;
-        v >>= 8;
-    }
 }
 
 #define CTR(l, field, v) kvi_relaxed_add(&(l)->ctr.field, (uint64_t)(v))
@@ -606,7 +589,7 @@ static int cb_request(void *ctx, uint64_t from)
             return rc;
     }
     uint8_t seq[8];
-    be64_put(seq, from);
+    kvi_store_be64(seq, from);
     int rc = 0;
     if (zmq_send(l->dealer.zs, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) != 0 ||
         zmq_send(l->dealer.zs, seq, 8, ZMQ_DONTWAIT) != 8)
@@ -834,7 +817,7 @@ static void handle_live(struct listener *l, int nf, uint64_t now)
                 nf >= 2 ? zmq_msg_size(&t->fr[1]) : (size_t)0);
         return;
     }
-    uint64_t seq = be64_get(zmq_msg_data(&t->fr[1]));
+    uint64_t seq = kvi_load_be64(zmq_msg_data(&t->fr[1]));
     if (seq == KVI_SEQ_SENTINEL) {
         CTR(l, malformed, 1);
         lis_log(l, KVI_LOG_WARN, "live message with the sentinel seq dropped");
@@ -861,7 +844,7 @@ static void handle_reply(struct listener *l, int nf, uint64_t now)
         lis_log(l, KVI_LOG_WARN, "malformed replay reply ignored (%d frames)", nf);
         return;
     }
-    uint64_t seq = be64_get(zmq_msg_data(seqf));
+    uint64_t seq = kvi_load_be64(zmq_msg_data(seqf));
     if (seq == KVI_SEQ_SENTINEL) {
         if (zmq_msg_size(pay) == 0) {
             kvi_stream_sentinel(&l->stream, now);

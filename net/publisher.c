@@ -79,6 +79,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "msgpack_wire.h" /* same folder: the library builds with net/include alone */
+
 /*
  * libzmq is not built with TSan, so TSan cannot see that a message handed to
  * zmq_msg_send happens-before its free callback on a ZMQ I/O thread. In TSan
@@ -303,151 +305,10 @@ static int kvp_reserve(struct kvidx_pub *pub, size_t need)
  * msgpack writers (no bounds checks: callers reserve a bound first)
  * ------------------------------------------------------------------------ */
 
-static inline uint8_t *mp_be16(uint8_t *w, uint16_t v)
-{
-    w[0] = (uint8_t)(v >> 8);
-    w[1] = (uint8_t)v;
-    return w + 2;
-}
+/* The writers are net/msgpack_wire.h's (kvi_mp_w_*); only the token and
+ * hash encoders below are the publisher's own. */
 
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define KVP_BE32(v) __builtin_bswap32(v)
-#define KVP_BE64(v) __builtin_bswap64(v)
-#else
-#define KVP_BE32(v) (v)
-#define KVP_BE64(v) (v)
-#endif
-
-static inline uint8_t *mp_be32(uint8_t *w, uint32_t v)
-{
-    v = KVP_BE32(v);
-    memcpy(w, &v, 4);
-    return w + 4;
-}
-
-static inline uint8_t *mp_be64(uint8_t *w, uint64_t v)
-{
-    v = KVP_BE64(v);
-    memcpy(w, &v, 8);
-    return w + 8;
-}
-
-static inline uint8_t *mp_nil(uint8_t *w)
-{
-    *w = 0xc0;
-    return w + 1;
-}
-
-/* Unsigned integer, smallest encoding (as msgspec and Python msgpack). */
-static inline uint8_t *mp_uint(uint8_t *w, uint64_t v)
-{
-    if (v < 0x80) {
-        *w = (uint8_t)v;
-        return w + 1;
-    }
-    if (v <= 0xff) {
-        w[0] = 0xcc;
-        w[1] = (uint8_t)v;
-        return w + 2;
-    }
-    if (v <= 0xffff) {
-        *w = 0xcd;
-        return mp_be16(w + 1, (uint16_t)v);
-    }
-    if (v <= 0xffffffffu) {
-        *w = 0xce;
-        return mp_be32(w + 1, (uint32_t)v);
-    }
-    *w = 0xcf;
-    return mp_be64(w + 1, v);
-}
-
-/* Signed integer, smallest encoding (non-negative values as unsigned). */
-static inline uint8_t *mp_int(uint8_t *w, int64_t v)
-{
-    if (v >= 0)
-        return mp_uint(w, (uint64_t)v);
-    if (v >= -32) {
-        *w = (uint8_t)v; /* negative fixint */
-        return w + 1;
-    }
-    if (v >= INT8_MIN) {
-        w[0] = 0xd0;
-        w[1] = (uint8_t)v;
-        return w + 2;
-    }
-    if (v >= INT16_MIN) {
-        *w = 0xd1;
-        return mp_be16(w + 1, (uint16_t)v);
-    }
-    if (v >= INT32_MIN) {
-        *w = 0xd2;
-        return mp_be32(w + 1, (uint32_t)v);
-    }
-    *w = 0xd3;
-    return mp_be64(w + 1, (uint64_t)v);
-}
-
-static inline uint8_t *mp_f64(uint8_t *w, double d)
-{
-    uint64_t bits;
-    memcpy(&bits, &d, 8);
-    *w = 0xcb;
-    return mp_be64(w + 1, bits);
-}
-
-static inline uint8_t *mp_str(uint8_t *w, const char *s, size_t n)
-{
-    if (n < 32) {
-        *w++ = (uint8_t)(0xa0 | n);
-    } else if (n <= 0xff) {
-        *w++ = 0xd9;
-        *w++ = (uint8_t)n;
-    } else if (n <= 0xffff) {
-        *w++ = 0xda;
-        w = mp_be16(w, (uint16_t)n);
-    } else {
-        *w++ = 0xdb;
-        w = mp_be32(w, (uint32_t)n);
-    }
-    memcpy(w, s, n);
-    return w + n;
-}
-
-#define MP_LIT(w, s) mp_str((w), (s), sizeof(s) - 1)
-
-static inline uint8_t *mp_array(uint8_t *w, uint32_t n)
-{
-    if (n < 16) {
-        *w = (uint8_t)(0x90 | n);
-        return w + 1;
-    }
-    if (n <= 0xffff) {
-        *w = 0xdc;
-        return mp_be16(w + 1, (uint16_t)n);
-    }
-    *w = 0xdd;
-    return mp_be32(w + 1, n);
-}
-
-static inline size_t mp_array_hdr_len(uint32_t n)
-{
-    return n < 16 ? 1 : n <= 0xffff ? 3 : 5;
-}
-
-static inline uint8_t *mp_map(uint8_t *w, uint32_t n, bool wide)
-{
-    if (n < 16 && !wide) {
-        *w = (uint8_t)(0x80 | n);
-        return w + 1;
-    }
-    if (n <= 0xffff) {
-        *w = 0xde;
-        return mp_be16(w + 1, (uint16_t)n);
-    }
-    *w = 0xdf;
-    return mp_be32(w + 1, n);
-}
+#define MP_LIT(w, s) kvi_mp_w_str((w), (s), sizeof(s) - 1)
 
 /*
  * Token ids: the same bytes as mp_uint, without branches (token ids look
@@ -473,7 +334,7 @@ static const uint8_t kvp_tok_len[32] = {
 
 static uint8_t *mp_tokens(uint8_t *w, const uint32_t *t, size_t n)
 {
-    w = mp_array(w, (uint32_t)n);
+    w = kvi_mp_w_array_hdr(w, (uint32_t)n);
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     for (size_t i = 0; i < n; i++) {
         uint32_t v = t[i];
@@ -484,7 +345,7 @@ static uint8_t *mp_tokens(uint8_t *w, const uint32_t *t, size_t n)
     }
 #else
     for (size_t i = 0; i < n; i++)
-        w = mp_uint(w, t[i]);
+        w = kvi_mp_w_uint(w, t[i]);
 #endif
     return w;
 }
@@ -500,15 +361,13 @@ static inline uint64_t kvp_mix(uint64_t x)
 
 static inline uint8_t *mp_bin_hash(uint8_t *w, uint64_t h, unsigned words)
 {
-    w[0] = 0xc4;
-    w[1] = (uint8_t)(8 * (words + 1));
-    w += 2;
+    w = kvi_mp_w_bin_hdr(w, 8 * (words + 1));
     uint64_t m = h;
     for (unsigned i = 0; i < words; i++) {
         m = kvp_mix(m);
-        w = mp_be64(w, m);
+        w = kvi_store_be64(w, m);
     }
-    return mp_be64(w, h);
+    return kvi_store_be64(w, h);
 }
 
 /* Worst-case bytes of one hash in any encoding (bin 32: 2 + 32). */
@@ -518,23 +377,23 @@ static inline uint8_t *mp_hash(uint8_t *w, uint64_t h, enum kvidx_pub_hash_enc e
 {
     switch (enc) {
     case KVIDX_PUB_HASH_I64:
-        return mp_int(w, (int64_t)h);
+        return kvi_mp_w_int(w, (int64_t)h);
     case KVIDX_PUB_HASH_BIN32:
         return mp_bin_hash(w, h, 3);
     case KVIDX_PUB_HASH_BIN16:
         return mp_bin_hash(w, h, 1);
     case KVIDX_PUB_HASH_U64:
     default:
-        return mp_uint(w, h);
+        return kvi_mp_w_uint(w, h);
     }
 }
 
 static uint8_t *mp_hashes(uint8_t *w, const uint64_t *h, size_t n, enum kvidx_pub_hash_enc enc)
 {
-    w = mp_array(w, (uint32_t)n);
+    w = kvi_mp_w_array_hdr(w, (uint32_t)n);
     if (enc == KVIDX_PUB_HASH_U64) {
         for (size_t i = 0; i < n; i++)
-            w = mp_uint(w, h[i]);
+            w = kvi_mp_w_uint(w, h[i]);
     } else {
         for (size_t i = 0; i < n; i++)
             w = mp_hash(w, h[i], enc);
@@ -568,14 +427,14 @@ static inline uint8_t *kvp_cursor(struct kvidx_pub *pub)
 /* extra_keys: one entry per block, nil, or [lora_name] under an adapter. */
 static uint8_t *mp_extra_keys(uint8_t *w, size_t n, const char *lora, size_t lora_len)
 {
-    w = mp_array(w, (uint32_t)n);
+    w = kvi_mp_w_array_hdr(w, (uint32_t)n);
     if (!lora || lora_len == 0) {
         memset(w, 0xc0, n);
         return w + n;
     }
     for (size_t i = 0; i < n; i++) {
-        w = mp_array(w, 1);
-        w = mp_str(w, lora, lora_len);
+        w = kvi_mp_w_array_hdr(w, 1);
+        w = kvi_mp_w_str(w, lora, lora_len);
     }
     return w;
 }
@@ -606,10 +465,10 @@ int kvidx_pub_publish_stored_ex(struct kvidx_pub *pub, const struct kvidx_pub_st
     bool map = pub->form == KVIDX_PUB_FORM_MAP;
     uint32_t len = pub->array_len;
     if (map) {
-        w = mp_map(w, full ? 11 : 9, pub->flags & KVIDX_PUB_F_WIDE_HEADERS);
+        w = kvi_mp_w_map_hdr(w, full ? 11 : 9, pub->flags & KVIDX_PUB_F_WIDE_HEADERS);
         w = MP_LIT(w, "type");
     } else {
-        w = mp_array(w, len);
+        w = kvi_mp_w_array_hdr(w, len);
     }
     w = MP_LIT(w, "BlockStored");
     if (map)
@@ -617,49 +476,49 @@ int kvidx_pub_publish_stored_ex(struct kvidx_pub *pub, const struct kvidx_pub_st
     w = mp_hashes(w, ev->block_hashes, n, enc);
     if (map)
         w = MP_LIT(w, "parent_block_hash");
-    w = ev->parent_hash ? mp_hash(w, *ev->parent_hash, enc) : mp_nil(w);
+    w = ev->parent_hash ? mp_hash(w, *ev->parent_hash, enc) : kvi_mp_w_nil(w);
     if (map)
         w = MP_LIT(w, "token_ids");
     if (ev->token_ids_nil) {
-        w = mp_nil(w);
+        w = kvi_mp_w_nil(w);
     } else {
         w = mp_tokens(w, ev->token_ids, n_tok);
     }
     if (map)
         w = MP_LIT(w, "block_size");
-    w = mp_uint(w, ev->block_size);
+    w = kvi_mp_w_uint(w, ev->block_size);
     if (map || len > 5) {
         if (map)
             w = MP_LIT(w, "lora_id");
-        w = mp_nil(w); /* deprecated; vLLM sends nil */
+        w = kvi_mp_w_nil(w); /* deprecated; vLLM sends nil */
     }
     if (map || len > 6) {
         if (map)
             w = MP_LIT(w, "medium");
-        w = medium ? mp_str(w, medium, medium_len) : mp_nil(w);
+        w = medium ? kvi_mp_w_str(w, medium, medium_len) : kvi_mp_w_nil(w);
     }
     if (map || len > 7) {
         if (map)
             w = MP_LIT(w, "lora_name");
-        w = lora ? mp_str(w, lora, lora_len) : mp_nil(w);
+        w = lora ? kvi_mp_w_str(w, lora, lora_len) : kvi_mp_w_nil(w);
     }
     if (map ? full : len > 8) {
         if (map)
             w = MP_LIT(w, "extra_keys");
-        w = full ? mp_extra_keys(w, n, lora, lora_len) : mp_nil(w);
+        w = full ? mp_extra_keys(w, n, lora, lora_len) : kvi_mp_w_nil(w);
     }
     if (map || len > 9) {
         if (map)
             w = MP_LIT(w, "group_idx");
-        w = mp_int(w, ev->group_idx);
+        w = kvi_mp_w_int(w, ev->group_idx);
     }
     if (map ? full : len > 10) {
         if (map)
             w = MP_LIT(w, "kv_cache_spec_kind");
-        w = full ? MP_LIT(w, "full_attention") : mp_nil(w);
+        w = full ? MP_LIT(w, "full_attention") : kvi_mp_w_nil(w);
     }
     if (!map && len > 11)
-        w = mp_nil(w); /* kv_cache_spec_sliding_window */
+        w = kvi_mp_w_nil(w); /* kv_cache_spec_sliding_window */
     return kvp_event_done(pub, w, event_id);
 }
 
@@ -690,24 +549,24 @@ int kvidx_pub_publish_removed_ex(struct kvidx_pub *pub, const struct kvidx_pub_r
         return rc;
     uint8_t *w = kvp_cursor(pub);
     if (pub->form == KVIDX_PUB_FORM_MAP) {
-        w = mp_map(w, 4, false);
+        w = kvi_mp_w_map_hdr(w, 4, false);
         w = MP_LIT(w, "type");
         w = MP_LIT(w, "BlockRemoved");
         w = MP_LIT(w, "block_hashes");
         w = mp_hashes(w, ev->block_hashes, ev->n_hashes, pub->hash_enc);
         w = MP_LIT(w, "medium");
-        w = medium ? mp_str(w, medium, medium_len) : mp_nil(w);
+        w = medium ? kvi_mp_w_str(w, medium, medium_len) : kvi_mp_w_nil(w);
         w = MP_LIT(w, "group_idx");
-        w = mp_int(w, ev->group_idx);
+        w = kvi_mp_w_int(w, ev->group_idx);
     } else {
         uint32_t len = pub->array_len <= 6 ? 2 : pub->array_len <= 9 ? 3 : 4;
-        w = mp_array(w, len);
+        w = kvi_mp_w_array_hdr(w, len);
         w = MP_LIT(w, "BlockRemoved");
         w = mp_hashes(w, ev->block_hashes, ev->n_hashes, pub->hash_enc);
         if (len > 2)
-            w = medium ? mp_str(w, medium, medium_len) : mp_nil(w);
+            w = medium ? kvi_mp_w_str(w, medium, medium_len) : kvi_mp_w_nil(w);
         if (len > 3)
-            w = mp_int(w, ev->group_idx);
+            w = kvi_mp_w_int(w, ev->group_idx);
     }
     return kvp_event_done(pub, w, event_id);
 }
@@ -728,10 +587,10 @@ int kvidx_pub_publish_cleared(struct kvidx_pub *pub, uint64_t *event_id)
         return rc;
     uint8_t *w = kvp_cursor(pub);
     if (pub->form == KVIDX_PUB_FORM_MAP) {
-        w = mp_map(w, 1, false);
+        w = kvi_mp_w_map_hdr(w, 1, false);
         w = MP_LIT(w, "type");
     } else {
-        w = mp_array(w, 1);
+        w = kvi_mp_w_array_hdr(w, 1);
     }
     w = MP_LIT(w, "AllBlocksCleared");
     return kvp_event_done(pub, w, event_id);
@@ -751,18 +610,18 @@ static double kvp_now(void)
 /* Write [ts, <events header> in front of the events and the rank after. */
 static void kvp_finalize(struct kvidx_pub *pub, struct kvp_buf *b)
 {
-    size_t pos = KVP_HEADROOM - mp_array_hdr_len(b->n_events);
-    mp_array(b->data + pos, b->n_events);
+    size_t pos = KVP_HEADROOM - kvi_mp_array_hdr_len(b->n_events);
+    kvi_mp_w_array_hdr(b->data + pos, b->n_events);
     pos -= 9;
-    mp_f64(b->data + pos, kvp_now());
+    kvi_mp_w_f64(b->data + pos, kvp_now());
     pos -= 1;
     b->data[pos] = pub->dp_rank == KVIDX_PUB_RANK_OMIT ? 0x92 : 0x93;
     b->start = pos;
     uint8_t *w = b->data + b->end;
     if (pub->dp_rank == KVIDX_PUB_RANK_NIL)
-        w = mp_nil(w);
+        w = kvi_mp_w_nil(w);
     else if (pub->dp_rank != KVIDX_PUB_RANK_OMIT)
-        w = mp_int(w, pub->dp_rank);
+        w = kvi_mp_w_int(w, pub->dp_rank);
     b->end = (size_t)(w - b->data);
 }
 
@@ -810,7 +669,7 @@ static int kvp_send_buf(void *sock, struct kvp_buf *b, int flags)
 static int kvp_send_live(struct kvidx_pub *pub, struct kvp_buf *b)
 {
     uint8_t seq8[8];
-    mp_be64(seq8, b->seq);
+    kvi_store_be64(seq8, b->seq);
     if (kvp_send_copy(pub->sock, pub->topic, pub->topic_len, ZMQ_SNDMORE) ||
         kvp_send_copy(pub->sock, seq8, 8, ZMQ_SNDMORE)) {
         kvp_buf_unref(b);
@@ -1005,7 +864,7 @@ static void kvp_serve(struct kvidx_pub *pub, const void *id, size_t id_len, uint
             continue;
         }
         uint8_t seq8[8];
-        mp_be64(seq8, b->seq);
+        kvi_store_be64(seq8, b->seq);
         kvp_reply_head(pub, id, id_len, seq8, pub->topic, pub->topic_len);
         kvp_send_buf(pub->router, b, 0);
         sent++;
@@ -1063,9 +922,7 @@ static int kvp_replay_one(struct kvidx_pub *pub)
         ret = -1;
         goto out;
     }
-    uint64_t start;
-    memcpy(&start, zmq_msg_data(&f[2]), 8);
-    start = KVP_BE64(start);
+    uint64_t start = kvi_load_be64(zmq_msg_data(&f[2]));
     kvp_serve(pub, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), start, (uint32_t)faults);
 out:
     for (int i = 0; i < (nf < 3 ? nf : 3); i++)

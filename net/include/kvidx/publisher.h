@@ -42,7 +42,9 @@
  * They exist for consumers' tests; an engine never calls them.
  *
  * Link with -lkvidx_publisher (pkg-config: kvidx-publisher). The library
- * depends on libzmq and msgpack-c only; this header needs neither.
+ * depends on libzmq and pthreads only (it writes its msgpack with kvidx's
+ * own primitives, net/msgpack_wire.h, compiled in); this header needs
+ * neither.
  */
 #ifndef KVIDX_PUBLISHER_H
 #define KVIDX_PUBLISHER_H
