@@ -49,7 +49,6 @@
 #include "bench/bench.h"
 #include "engine/common.h"
 
-#if defined(KVI_BENCH_WITH_NET) && __has_include(<kvidx/publisher.h>)
 #include <kvidx/publisher.h>
 #include <msgpack.h>
 #include <dirent.h>
@@ -1003,15 +1002,3 @@ int kvi_bench_ingest(int argc, char **argv)
     return rc;
 }
 
-#else /* built without kvi_net or without the publisher library */
-
-int kvi_bench_ingest(int argc, char **argv)
-{
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "kvidx-bench ingest: this build has no ZMQ listener or publisher library "
-                    "(kvidx-bench must link kvi_net and kvidx_publisher_static)\n");
-    return 2;
-}
-
-#endif

@@ -37,7 +37,6 @@
 
 #define NO_WORKER UINT32_MAX
 
-#if defined(KVI_BENCH_WITH_NET) && defined(KVI_BENCH_WITH_API) && __has_include(<kvidx/publisher.h>)
 #include <kvidx/publisher.h>
 #include <msgpack.h>
 #include <pthread.h>
@@ -1288,19 +1287,6 @@ int kvi_soak_run(const struct kvi_soak_cfg *cfg, struct kvi_soak_result *res)
     return rc;
 }
 
-#else /* built without kvi_net, kvi_api or the publisher library */
-
-int kvi_soak_run(const struct kvi_soak_cfg *cfg, struct kvi_soak_result *res)
-{
-    (void)cfg;
-    memset(res, 0, sizeof *res);
-    snprintf(res->first_error, sizeof res->first_error,
-             "this build has no ZMQ publisher, HTTP client or /dump decoder (kvidx-bench must link kvi_net, kvi_api "
-             "and kvidx_publisher_static)");
-    return -ENOSYS;
-}
-
-#endif
 
 /* ---- the subcommand ------------------------------------------------------------------------------ */
 

@@ -192,7 +192,6 @@ uint64_t kvi_soak_model_orphaning_removes(const struct kvi_soak_model *m)
 
 /* ---- the /dump comparator ------------------------------------------------------------ */
 
-#if defined(KVI_BENCH_WITH_API)
 #include "api/codec_dump.h"
 
 struct kvi_soak_cmp {
@@ -334,7 +333,6 @@ int kvi_soak_cmp_end(struct kvi_soak_cmp *c)
     free(c);
     return rc;
 }
-#endif /* KVI_BENCH_WITH_API */
 
 /* ---- the RSS verdict ------------------------------------------------------------------ */
 

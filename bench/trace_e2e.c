@@ -24,7 +24,6 @@
 #include <errno.h>
 #include <stdio.h>
 
-#if defined(KVI_BENCH_WITH_NET) && __has_include(<kvidx/publisher.h>)
 #include <kvidx/publisher.h>
 #include <pthread.h>
 #include <sched.h>
@@ -1055,59 +1054,3 @@ void kvi_e2e_print(const struct kvi_e2e_extra *x)
     fflush(stdout);
 }
 
-#else /* built without kvi_net or without the publisher library */
-
-struct kvi_e2e {
-    int unused;
-};
-
-struct kvi_e2e *kvi_e2e_open(const struct kvi_e2e_cfg *cfg, char *err, size_t err_len)
-{
-    (void)cfg;
-    snprintf(err, err_len, "this build has no ZMQ publisher or HTTP client (kvidx-bench must link kvi_net and "
-                           "kvidx_publisher_static)");
-    return NULL;
-}
-
-void kvi_e2e_close(struct kvi_e2e *e)
-{
-    (void)e;
-}
-
-const char *kvi_e2e_url(const struct kvi_e2e *e)
-{
-    (void)e;
-    return "";
-}
-
-int kvi_e2e_pid(const struct kvi_e2e *e)
-{
-    (void)e;
-    return 0;
-}
-
-double kvi_e2e_metric_sum(const char *body, const char *name, const char *labels)
-{
-    (void)body;
-    (void)name;
-    (void)labels;
-    return 0;
-}
-
-int kvi_e2e_run(struct kvi_e2e *e, const struct kvi_trace_workload *w, const struct kvi_trace_run_cfg *cfg,
-                struct kvi_trace_run_result *res, struct kvi_e2e_extra *x)
-{
-    (void)e;
-    (void)w;
-    (void)cfg;
-    (void)res;
-    (void)x;
-    return -ENOSYS;
-}
-
-void kvi_e2e_print(const struct kvi_e2e_extra *x)
-{
-    (void)x;
-}
-
-#endif
