@@ -28,7 +28,6 @@
 
 #include <curl/curl.h>
 
-#include "api/demo.h"
 #include "api/routes_common.h"
 #include "api/service.h"
 #include "api/slot_service.h"
@@ -101,9 +100,6 @@ struct opts {
     long conn_output_limit;
     long output_limit;
     const char *port_file;
-    bool demo;              /* --demo: mock engines inside (api/demo.h) */
-    const char *demo_trace;
-    long demo_workers;
 };
 
 static void usage(FILE *f)
@@ -166,10 +162,6 @@ static void usage(FILE *f)
             "  --http-output-limit BYTES  unread answer bytes over all connections (default 268435456;\n"
             "                         0 = no limit); past it answers are 503\n"
             "  --port-file PATH       write the bound port to PATH once listening (default none)\n"
-            "  --demo                 start mock engines that publish a Mooncake trace over ZMQ into\n"
-            "                         this daemon (model \"demo\"); the log shows curl lines to try\n"
-            "  --demo-trace PATH      Mooncake JSONL for --demo (default: the built-in synthetic trace)\n"
-            "  --demo-workers N       mock engines of --demo (default 4)\n"
             "  --help                 print this text and exit\n"
             "  --version              print the version and exit\n"
             "\n"
@@ -241,7 +233,6 @@ enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
     O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_MAX_MODELS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN, O_ALLOW_REMOTE_ADMIN, O_DATA_TOKEN,
     O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_MAX_CONNS_ADDR, O_H2_RESETS, O_CONN_OUT, O_OUT_LIMIT, O_PORT_FILE, O_HELP, O_VERSION,
-    O_DEMO, O_DEMO_TRACE, O_DEMO_WORKERS,
 };
 
 static int parse_opts(int argc, char **argv, struct opts *o)
@@ -279,9 +270,6 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"http-conn-output-limit", required_argument, NULL, O_CONN_OUT},
         {"http-output-limit", required_argument, NULL, O_OUT_LIMIT},
         {"port-file", required_argument, NULL, O_PORT_FILE},
-        {"demo", no_argument, NULL, O_DEMO},
-        {"demo-trace", required_argument, NULL, O_DEMO_TRACE},
-        {"demo-workers", required_argument, NULL, O_DEMO_WORKERS},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
@@ -331,9 +319,6 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case O_CONN_OUT: rc = parse_long("--http-conn-output-limit", optarg, 0, LONG_MAX, &o->conn_output_limit); break;
         case O_OUT_LIMIT: rc = parse_long("--http-output-limit", optarg, 0, LONG_MAX, &o->output_limit); break;
         case O_PORT_FILE: o->port_file = optarg; break;
-        case O_DEMO: o->demo = true; break;
-        case O_DEMO_TRACE: o->demo_trace = optarg; break;
-        case O_DEMO_WORKERS: rc = parse_long("--demo-workers", optarg, 1, 1024, &o->demo_workers); break;
         case 'h':
         case O_HELP: usage(stdout); exit(0);
         case O_VERSION: printf("kvidxd %s\n", KVIDXD_VERSION); exit(0);
@@ -460,18 +445,6 @@ int main(int argc, char **argv)
     if (min_initial_workers(&min_workers) != 0)
         return 2;
     bool test_endpoints = truthy(getenv("DYN_KV_INDEXER_TEST_ENDPOINTS"));
-    struct kvi_demo *demo = NULL;
-    if (o.demo) {
-        struct kvi_demo_config dc;
-        char derr[512] = "";
-        kvi_demo_config_init(&dc);
-        dc.trace_path = o.demo_trace;
-        dc.workers = o.demo_workers > 0 ? (uint32_t)o.demo_workers : dc.workers;
-        if ((demo = kvi_demo_create(&dc, derr, sizeof derr)) == NULL) {
-            fprintf(stderr, "kvidxd: --demo: %s\n", derr);
-            return 2;
-        }
-    }
 
     /* Every thread inherits this mask; main takes the signals with sigwait. */
     sigset_t sigs;
@@ -595,14 +568,10 @@ int main(int argc, char **argv)
         kvi_log_error("cannot start the control thread: %s", strerror(-rc));
         _exit(1);
     }
-    if (demo != NULL && (rc = kvi_demo_start(demo, svc, port)) != 0)
-        kvi_log_error("cannot start the demo: %s", strerror(-rc));
 
     sigwait(&sigs, &sig);
     t0 = kvi_now_ns();
     kvi_log_info("%s received: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    kvi_demo_destroy(demo); /* the engines stop before the service does */
-    demo = NULL;
     kvi_service_begin_stop(svc);
     if (kvi_http_server_stop(srv) == 1)
         kvi_log_warn("some HTTP connections were cut at the end of the grace period");
@@ -617,7 +586,6 @@ out_server:
     kvi_http_server_free(srv);
     kvi_slot_service_free(slots);
 out_service:
-    kvi_demo_destroy(demo);
     kvi_service_destroy(svc);
     kvi_routes_free(routes);
     curl_global_cleanup();

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "bench/bench.h"
+#include "bench/demo.h"
 #include "bench/soak.h"
 
 struct subcommand {
@@ -17,6 +18,7 @@ static const struct subcommand subcommands[] = {
     {"decode", kvi_bench_decode, "KV-event batch decoding per core: cursor decoder vs msgpack-c"},
     {"trace", kvi_bench_trace, "Mooncake-trace replay: kvidx vs baselines, keep-up and find latency"},
     {"ingest", kvi_bench_ingest, "ZMQ publishers -> listeners -> writers -> index on the Mooncake event mix"},
+    {"demo", kvi_bench_demo, "mock engines publishing a Mooncake trace into a running kvidxd (until Ctrl-C)"},
     {"soak", kvi_bench_soak, "N-minute end-to-end run through kvidxd, then checks errors, RSS, /dump and counters"},
 };
 

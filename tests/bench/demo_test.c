@@ -1,7 +1,7 @@
 /* ctest-labels: integration */
 /*
- * kvidxd --demo: the real daemon with its in-process mock engines
- * (api/demo.h), on an ephemeral port:
+ * kvidx-bench demo (bench/demo.h) against the real daemon: the demo's mock
+ * engines run in this process and register over HTTP, as any engine fleet:
  *   - /workers lists the demo engines (instances 1..N of model "demo"), each
  *     active;
  *   - within a deadline, /dump holds stored blocks of demo:default and the
@@ -9,9 +9,11 @@
  *   - a /query built with the demo's own token generator (the demo's trace
  *     and workload settings, kvi_trace_block_tokens) scores > 0, and a prompt
  *     the demo never produced scores nothing;
- *   - --demo-workers picks the number of engines; a --demo-trace that cannot
- *     be read stops the daemon at startup with status 2;
- *   - SIGTERM stops the daemon (demo first) with status 0.
+ *   - config.workers picks the number of engines, and a daemon started with
+ *     --admin-token takes the demo's registrations with that token;
+ *   - bad settings (a trace that cannot be read, 0 workers, an unknown flag)
+ *     are refused before anything runs (the subcommand exits 2), and a demo
+ *     that cannot register anything ends (exit 1) instead of idling.
  * Every wait polls up to a deadline (KFX_WAIT_MS).
  */
 #include <stdarg.h>
@@ -20,9 +22,13 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "kvidxd_fixture.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
-#include "api/demo.h"
+#include "api/kvidxd_fixture.h"
+
+#include "bench/demo.h"
 #include "engine/common.h"
 
 static int teardown(void **state)
@@ -62,22 +68,6 @@ static bool dump_has_blocks(const struct kfx_daemon *d)
               strstr(r.body, "\"tokens_hash\"") != NULL;
     kfx_resp_free(&r);
     return ok;
-}
-
-/* A gauge with labels: the value of the line starting with `series` (-1 when absent). */
-static long long metric_series(const struct kfx_daemon *d, const char *series)
-{
-    struct kfx_resp r;
-    long long v = -1;
-    char needle[256];
-    snprintf(needle, sizeof needle, "\n%s ", series);
-    if (kfx_get(d, "/metrics", &r) == 200) {
-        const char *p = strstr(r.body, needle);
-        if (p != NULL)
-            v = strtoll(p + strlen(needle), NULL, 10);
-    }
-    kfx_resp_free(&r);
-    return v;
 }
 
 /* The Dynamo /query body for the first n prompt blocks of request `req` of the demo's workload. */
@@ -124,14 +114,32 @@ static bool query_scores(const struct kfx_daemon *d, const char *json, long *bes
     return ok && *best > 0;
 }
 
+/* Start a demo of @p workers engines against @p d (with @p token, may be NULL). */
+static struct kvi_demo *demo_at(const struct kfx_daemon *d, uint32_t workers, const char *token)
+{
+    static char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", d->port);
+    struct kvi_demo_config c;
+    kvi_demo_config_init(&c);
+    c.url = url;
+    c.workers = workers;
+    c.admin_token = token;
+    char err[256] = "";
+    struct kvi_demo *demo = kvi_demo_create(&c, err, sizeof err);
+    if (demo == NULL)
+        fail_msg("kvi_demo_create: %s", err);
+    assert_int_equal(kvi_demo_start(demo), 0);
+    return demo;
+}
+
 static void test_demo_end_to_end(void **state)
 {
     (void)state;
     struct kfx_daemon d;
-    const char *args[] = {"--demo", NULL};
-    kfx_start(&d, args, NULL);
+    kfx_start(&d, NULL, NULL);
+    struct kvi_demo *demo = demo_at(&d, 4, NULL);
 
-    if (!KFX_WAIT(demo_workers_active(&d, 4), KFX_WAIT_MS)) {
+    if (!KFX_WAIT(demo_workers_active(&d, 4) && kvi_demo_running(demo), KFX_WAIT_MS)) {
         kfx_dump_log(&d);
         fail_msg("/workers never listed 4 active demo engines");
     }
@@ -140,7 +148,7 @@ static void test_demo_end_to_end(void **state)
         fail_msg("/dump never showed demo blocks");
     }
     const char *entries = "kvidx_index_entries{model=\"demo\",tenant=\"default\"}";
-    long long e1 = metric_series(&d, entries);
+    long long e1 = kfx_metric(&d, entries);
     assert_true(e1 > 0);
 
     /* the demo's own token generator: same trace, same workload settings */
@@ -178,44 +186,67 @@ static void test_demo_end_to_end(void **state)
     /* the index keeps changing: new blocks arrive */
     uint64_t stored0 = 0;
     {
-        long long v = metric_series(&d, "kvidx_events_total{type=\"stored\"}");
+        long long v = kfx_metric(&d, "kvidx_events_total{type=\"stored\"}");
         assert_true(v > 0);
         stored0 = (uint64_t)v;
     }
-    if (!KFX_WAIT((uint64_t)metric_series(&d, "kvidx_events_total{type=\"stored\"}") > stored0, KFX_WAIT_MS))
+    if (!KFX_WAIT((uint64_t)kfx_metric(&d, "kvidx_events_total{type=\"stored\"}") > stored0, KFX_WAIT_MS))
         fail_msg("no stored events after the first ones");
     assert_true(kfx_metric(&d, "kvidx_listener_lost_total") == 0);
 
     kvi_trace_workload_free(&w);
     kvi_trace_free(&t);
+    kvi_demo_destroy(demo);
     int64_t ms = 0;
     assert_int_equal(kfx_stop(&d, SIGTERM, &ms), 0);
     assert_true(ms < 2000);
 }
 
-static void test_demo_workers_flag(void **state)
+static void test_demo_workers_and_token(void **state)
 {
     (void)state;
     struct kfx_daemon d;
-    const char *args[] = {"--demo", "--demo-workers", "2", NULL};
+    const char *args[] = {"--admin-token", "s3cret", NULL};
     kfx_start(&d, args, NULL);
-    if (!KFX_WAIT(demo_workers_active(&d, 2), KFX_WAIT_MS)) {
+    struct kvi_demo *demo = demo_at(&d, 2, "s3cret");
+    if (!KFX_WAIT(demo_workers_active(&d, 2) && kvi_demo_running(demo), KFX_WAIT_MS)) {
         kfx_dump_log(&d);
         fail_msg("/workers never listed 2 active demo engines");
     }
+    kvi_demo_destroy(demo);
     assert_int_equal(kfx_stop(&d, SIGINT, NULL), 0);
 }
 
-static void test_demo_bad_trace(void **state)
+static void test_demo_bad_settings(void **state)
 {
     (void)state;
-    struct kfx_daemon d;
-    const char *args[] = {"--demo", "--demo-trace", "/nonexistent/trace.jsonl", NULL};
-    assert_int_equal(kfx_start_rc(&d, args, NULL), 2);
-    unlink(d.logfile);
-    const char *args2[] = {"--demo", "--demo-workers", "0", NULL};
-    assert_int_equal(kfx_start_rc(&d, args2, NULL), 2);
-    unlink(d.logfile);
+    struct kvi_demo_config c;
+    char err[600] = "";
+    kvi_demo_config_init(&c);
+    c.trace_path = "/nonexistent/trace.jsonl";
+    assert_null(kvi_demo_create(&c, err, sizeof err));
+    assert_non_null(strstr(err, "--trace /nonexistent/trace.jsonl"));
+    kvi_demo_config_init(&c);
+    c.workers = 0;
+    assert_null(kvi_demo_create(&c, err, sizeof err));
+    assert_non_null(strstr(err, "--workers"));
+    /* the subcommand: bad flags exit 2 before anything runs */
+    char *bad_trace[] = {"demo", "--trace", "/nonexistent/trace.jsonl", NULL};
+    assert_int_equal(kvi_bench_demo(3, bad_trace), 2);
+    char *bad_flag[] = {"demo", "--frobnicate", NULL};
+    assert_int_equal(kvi_bench_demo(2, bad_flag), 2);
+    /* nobody listens at the URL: nothing registers, the demo ends with 1 */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0); /* bound, never listening: refused */
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &al), 0);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", ntohs(a.sin_port));
+    char *nobody[] = {"demo", "--url", url, "--workers", "1", NULL};
+    assert_int_equal(kvi_bench_demo(5, nobody), 1);
+    close(fd);
 }
 
 int main(void)
@@ -223,8 +254,8 @@ int main(void)
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_demo_end_to_end, teardown),
-        cmocka_unit_test_teardown(test_demo_workers_flag, teardown),
-        cmocka_unit_test_teardown(test_demo_bad_trace, teardown),
+        cmocka_unit_test_teardown(test_demo_workers_and_token, teardown),
+        cmocka_unit_test_teardown(test_demo_bad_settings, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

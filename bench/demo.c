@@ -1,13 +1,15 @@
 /*
- * kvidxd --demo: mock engines publishing a Mooncake trace over ZMQ into the
- * daemon itself (see api/demo.h for the model and the DESIGN).
+ * kvidx-bench demo: mock engines publishing a Mooncake trace over ZMQ into a
+ * running kvidxd, registered over HTTP (see bench/demo.h for the model and
+ * the DESIGN).
  */
-#include "api/demo.h"
+#include "bench/demo.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -17,11 +19,10 @@
 
 #include <kvidx/publisher.h>
 
-#include "api/codec.h"
-#include "api/service.h"
 #include "bench/mock_engine.h"
 #include "bench/trace_map.h"
 #include "engine/common.h"
+#include "net/http_client.h"
 #include "net/log.h"
 
 #define DEMO_TICK_MS 20
@@ -32,23 +33,6 @@
 /* Engine speed (wall-clock ms): 200 k prompt tokens/s, 2 ms per output token. */
 #define DEMO_PREFILL_TOK_PER_MS 200.0
 #define DEMO_DECODE_MS_PER_TOK 2.0
-
-/* Registration results, shared by the demo thread and the posted
- * registrations; freed by whoever drops the last reference. */
-struct demo_regs {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint32_t pending, failed, refs;
-};
-
-struct demo_reg_arg {
-    struct demo_regs *regs;
-    uint64_t instance;
-    uint32_t block_size;
-    char model[128];
-    char endpoint[256];
-    char replay[256];
-};
 
 struct demo_engine {
     struct kvi_demo *d;
@@ -73,11 +57,13 @@ struct kvi_demo {
     struct kvi_trace trace;
     struct kvi_trace_workload w;
     bool have_w;
-    struct kvi_service *svc;
-    uint16_t port;
+    char url[1024];
+    char token[512];
     pthread_t tid;
     bool started;
     _Atomic bool stop;
+    _Atomic bool running; /* every engine registered, events flowing */
+    _Atomic bool ended;   /* the demo thread returned (stopped, or nothing registered) */
     struct demo_engine *e;
     double period_ms; /* one loop of the trace, wall-clock */
     double scale;     /* wall ms per trace ms */
@@ -88,6 +74,8 @@ struct kvi_demo {
 void kvi_demo_config_init(struct kvi_demo_config *c)
 {
     *c = (struct kvi_demo_config){
+        .url = "http://127.0.0.1:8090",
+        .admin_token = NULL,
         .trace_path = NULL,
         .workers = 4,
         .first_instance = 1,
@@ -116,12 +104,12 @@ int kvi_demo_load_trace(const struct kvi_demo_config *c, struct kvi_trace *t, ch
     char msg[512] = "";
     int rc = kvi_trace_load(t, c->trace_path, msg, sizeof msg);
     if (rc < 0) {
-        snprintf(err, err_len, "--demo-trace %s: %s", c->trace_path, msg[0] ? msg : strerror(-rc));
+        snprintf(err, err_len, "--trace %s: %s", c->trace_path, msg[0] ? msg : strerror(-rc));
         kvi_trace_free(t);
         return rc;
     }
     if (t->n_req == 0) {
-        snprintf(err, err_len, "--demo-trace %s: no requests", c->trace_path);
+        snprintf(err, err_len, "--trace %s: no requests", c->trace_path);
         kvi_trace_free(t);
         return -EINVAL;
     }
@@ -142,12 +130,14 @@ void kvi_demo_workload_config(const struct kvi_demo_config *c, struct kvi_trace_
 struct kvi_demo *kvi_demo_create(const struct kvi_demo_config *c, char *err, size_t err_len)
 {
     if (c->workers == 0 || c->workers > 1024) {
-        snprintf(err, err_len, "--demo-workers: expected 1..1024, got %" PRIu32, c->workers);
+        snprintf(err, err_len, "--workers: expected 1..1024, got %" PRIu32, c->workers);
         return NULL;
     }
     if (c->block_size == 0 || KVI_TRACE_ID_TOKENS % c->block_size != 0 || c->gpu_blocks == 0 ||
         !(c->requests_per_s > 0) || c->synth_requests == 0 || c->model == NULL || c->model[0] == '\0' ||
-        strlen(c->model) >= sizeof ((struct kvi_demo *)NULL)->model) {
+        strlen(c->model) >= sizeof ((struct kvi_demo *)NULL)->model || c->url == NULL ||
+        strlen(c->url) >= sizeof ((struct kvi_demo *)NULL)->url ||
+        (c->admin_token != NULL && strlen(c->admin_token) >= sizeof ((struct kvi_demo *)NULL)->token)) {
         snprintf(err, err_len, "invalid demo settings");
         return NULL;
     }
@@ -155,6 +145,15 @@ struct kvi_demo *kvi_demo_create(const struct kvi_demo_config *c, char *err, siz
     d->cfg = *c;
     snprintf(d->model, sizeof d->model, "%s", c->model);
     d->cfg.model = d->model;
+    /* the base URL without a trailing '/' */
+    snprintf(d->url, sizeof d->url, "%s", c->url);
+    for (size_t n = strlen(d->url); n > 0 && d->url[n - 1] == '/'; n--)
+        d->url[n - 1] = '\0';
+    d->cfg.url = d->url;
+    if (c->admin_token != NULL) {
+        snprintf(d->token, sizeof d->token, "%s", c->admin_token);
+        d->cfg.admin_token = d->token;
+    }
     if (c->trace_path != NULL) {
         snprintf(d->trace_path, sizeof d->trace_path, "%s", c->trace_path);
         d->cfg.trace_path = d->trace_path;
@@ -166,95 +165,50 @@ struct kvi_demo *kvi_demo_create(const struct kvi_demo_config *c, char *err, siz
     return d;
 }
 
-/* ---- registrations (control thread) --------------------------------------------------- */
+/* ---- registrations (POST /register) -------------------------------------------------- */
 
-static void regs_put(struct demo_regs *r)
+static bool demo_cancelled(void *ud)
 {
-    pthread_mutex_lock(&r->mu);
-    bool last = --r->refs == 0;
-    pthread_mutex_unlock(&r->mu);
-    if (last) {
-        pthread_mutex_destroy(&r->mu);
-        pthread_cond_destroy(&r->cv);
-        free(r);
-    }
+    const struct kvi_demo *d = ud;
+    return atomic_load_explicit(&d->stop, memory_order_relaxed);
 }
 
-static struct kvi_str zstr(const char *s)
-{
-    return (struct kvi_str){s, strlen(s)};
-}
-
-/* Posted to the control thread: the same call POST /register makes. */
-static void demo_register_fn(struct kvi_service *svc, void *arg)
-{
-    struct demo_reg_arg *a = arg;
-    bool ok = false;
-    if (!kvi_service_stopping(svc)) {
-        struct kvi_dyn_register r = {
-            .instance_id = a->instance,
-            .endpoint = zstr(a->endpoint),
-            .model_name = zstr(a->model),
-            .tenant_id = zstr("default"),
-            .replay_endpoint = zstr(a->replay),
-            .block_size = a->block_size,
-            .dp_rank = 0,
-            .has_replay = true,
-        };
-        struct kvi_api_err err;
-        memset(&err, 0, sizeof err);
-        ok = kvi_service_ctl_dyn_register(svc, &r, &err) == 0;
-        if (!ok)
-            kvi_log_warn("demo: cannot register engine %" PRIu64 ": %s", a->instance, err.msg);
-    }
-    struct demo_regs *regs = a->regs;
-    pthread_mutex_lock(&regs->mu);
-    regs->pending--;
-    regs->failed += ok ? 0 : 1;
-    pthread_cond_signal(&regs->cv);
-    pthread_mutex_unlock(&regs->mu);
-    regs_put(regs);
-    free(a);
-}
-
-/* Register every engine; wait for the answers (or stop).
+/* Register every engine at the daemon, as each engine of a fleet would.
  * @return the number registered. */
 static uint32_t demo_register_all(struct kvi_demo *d)
 {
-    struct demo_regs *regs = kvi_xcalloc(1, sizeof *regs);
-    pthread_mutex_init(&regs->mu, NULL);
-    pthread_cond_init(&regs->cv, NULL);
-    regs->refs = 1;
-    for (uint32_t i = 0; i < d->cfg.workers; i++) {
-        struct demo_reg_arg *a = kvi_xcalloc(1, sizeof *a);
-        a->regs = regs;
-        a->instance = d->cfg.first_instance + i;
-        a->block_size = d->cfg.block_size;
-        snprintf(a->model, sizeof a->model, "%s", d->model);
-        snprintf(a->endpoint, sizeof a->endpoint, "%s", kvidx_pub_endpoint(d->e[i].pub));
-        snprintf(a->replay, sizeof a->replay, "%s", kvidx_pub_replay_endpoint(d->e[i].pub));
-        pthread_mutex_lock(&regs->mu);
-        regs->pending++;
-        regs->refs++;
-        pthread_mutex_unlock(&regs->mu);
-        if (kvi_service_post(d->svc, demo_register_fn, a) != 0) {
-            pthread_mutex_lock(&regs->mu);
-            regs->pending--;
-            regs->refs--;
-            regs->failed++;
-            pthread_mutex_unlock(&regs->mu);
-            free(a);
-        }
+    struct kvi_http_client_options o;
+    kvi_http_client_options_init(&o);
+    o.proto = KVI_HTTP_CLIENT_H1;
+    o.bearer_token = d->cfg.admin_token;
+    o.timeout_ms = DEMO_REG_WAIT_MS;
+    o.cancel = demo_cancelled;
+    o.cancel_ud = d;
+    struct kvi_http_client *c = kvi_http_client_create(&o);
+    if (c == NULL) {
+        kvi_log_error("demo: cannot create an HTTP client: %s", strerror(errno));
+        return 0;
     }
-    uint64_t deadline = kvi_now_ns() + (uint64_t)DEMO_REG_WAIT_MS * 1000000u;
-    pthread_mutex_lock(&regs->mu);
-    while (regs->pending > 0 && !atomic_load_explicit(&d->stop, memory_order_relaxed) && kvi_now_ns() < deadline) {
-        struct timespec ts = kvi_timespec_after(CLOCK_REALTIME, 100 * 1000000u);
-        pthread_cond_timedwait(&regs->cv, &regs->mu, &ts);
+    char url[1100];
+    snprintf(url, sizeof url, "%s/register", d->url);
+    uint32_t ok = 0;
+    for (uint32_t i = 0; i < d->cfg.workers && !atomic_load_explicit(&d->stop, memory_order_relaxed); i++) {
+        char body[1024];
+        int n = snprintf(body, sizeof body,
+                         "{\"instance_id\":%" PRIu64 ",\"endpoint\":\"%s\",\"replay_endpoint\":\"%s\","
+                         "\"model_name\":\"%s\",\"tenant_id\":\"default\",\"block_size\":%" PRIu32
+                         ",\"dp_rank\":0}",
+                         d->cfg.first_instance + i, kvidx_pub_endpoint(d->e[i].pub),
+                         kvidx_pub_replay_endpoint(d->e[i].pub), d->model, d->cfg.block_size);
+        struct kvi_http_result res;
+        int rc = kvi_http_post(c, url, "application/json", body, (size_t)n, NULL, NULL, &res);
+        if (rc == 0)
+            ok++;
+        else
+            kvi_log_warn("demo: cannot register engine %" PRIu64 " at %s: %s%s%s", d->cfg.first_instance + i, url,
+                         res.status ? "" : strerror(-rc), res.status ? "" : ": ", res.error);
     }
-    uint32_t ok = regs->pending == 0 ? d->cfg.workers - regs->failed : 0;
-    pthread_mutex_unlock(&regs->mu);
-    regs_put(regs);
+    kvi_http_client_free(c);
     return ok;
 }
 
@@ -426,10 +380,10 @@ static void demo_hint(struct kvi_demo *d)
                      worker, list, (unsigned)(best_ids * KVI_TRACE_ID_TOKENS));
     else
         kvi_log_info("demo: every request starts with hash id 0 (512 tokens of 0). Query:");
-    kvi_log_info("  curl -s localhost:%u/query -H 'Content-Type: application/json' -d "
+    kvi_log_info("  curl -s %s/query -H 'Content-Type: application/json' -d "
                  "\"{\\\"model_name\\\":\\\"%s\\\",\\\"token_ids\\\":[$(for id in %s; do yes $id | head -n %u; "
                  "done | paste -sd,)]}\"",
-                 (unsigned)d->port, d->model, list, (unsigned)KVI_TRACE_ID_TOKENS);
+                 d->url, d->model, list, (unsigned)KVI_TRACE_ID_TOKENS);
 }
 
 static void demo_report(struct kvi_demo *d, double now_ms)
@@ -506,26 +460,31 @@ static void *demo_main(void *arg)
                          ok, d->cfg.first_instance, d->cfg.first_instance + d->cfg.workers - 1, d->model,
                          d->cfg.block_size, d->cfg.gpu_blocks, d->trace.name, d->trace.n_req,
                          d->cfg.requests_per_s, d->period_ms / 1e3);
-            kvi_log_info("demo: try  curl -s localhost:%u/workers?model_name=%s  and  curl -s localhost:%u/metrics",
-                         (unsigned)d->port, d->model, (unsigned)d->port);
+            kvi_log_info("demo: try  curl -s %s/workers?model_name=%s  and  curl -s %s/metrics", d->url, d->model,
+                         d->url);
+            atomic_store_explicit(&d->running, ok == d->cfg.workers, memory_order_relaxed);
             demo_run(d);
         } else if (ok == 0) {
             kvi_log_error("demo: no engine could be registered; the demo does not run");
         }
     }
     demo_teardown(d);
+    atomic_store_explicit(&d->ended, true, memory_order_relaxed);
     return NULL;
 }
 
-int kvi_demo_start(struct kvi_demo *d, struct kvi_service *svc, uint16_t http_port)
+int kvi_demo_start(struct kvi_demo *d)
 {
-    d->svc = svc;
-    d->port = http_port;
     int rc = pthread_create(&d->tid, NULL, demo_main, d);
     if (rc != 0)
         return -rc;
     d->started = true;
     return 0;
+}
+
+bool kvi_demo_running(const struct kvi_demo *d)
+{
+    return atomic_load_explicit(&d->running, memory_order_relaxed);
 }
 
 void kvi_demo_destroy(struct kvi_demo *d)
@@ -538,4 +497,76 @@ void kvi_demo_destroy(struct kvi_demo *d)
     demo_teardown(d);
     kvi_trace_free(&d->trace);
     free(d);
+}
+
+/* ---- kvidx-bench demo ------------------------------------------------------------------------ */
+
+static void demo_usage(FILE *f)
+{
+    fprintf(f, "usage: kvidx-bench demo [--url URL] [--trace PATH] [--workers N] [--admin-token TOKEN]\n"
+               "\n"
+               "Mock inference engines that publish a Mooncake trace over ZMQ into a running kvidxd\n"
+               "and register themselves there (model \"demo\", instances 1..N). Runs until Ctrl-C.\n"
+               "  --url URL            kvidxd's base URL (default http://127.0.0.1:8090)\n"
+               "  --trace PATH         Mooncake JSONL (default: the built-in synthetic trace)\n"
+               "  --workers N          mock engines, 1..1024 (default 4)\n"
+               "  --admin-token TOKEN  for a kvidxd started with --admin-token (env KVIDX_ADMIN_TOKEN)\n");
+}
+
+int kvi_bench_demo(int argc, char **argv)
+{
+    struct kvi_demo_config c;
+    kvi_demo_config_init(&c);
+    c.admin_token = getenv("KVIDX_ADMIN_TOKEN");
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            demo_usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--url") == 0 && v != NULL) {
+            c.url = v;
+        } else if (strcmp(argv[i], "--trace") == 0 && v != NULL) {
+            c.trace_path = v;
+        } else if (strcmp(argv[i], "--admin-token") == 0 && v != NULL) {
+            c.admin_token = v;
+        } else if (strcmp(argv[i], "--workers") == 0 && v != NULL) {
+            char *end;
+            unsigned long n = strtoul(v, &end, 10);
+            c.workers = *end == '\0' && n <= UINT32_MAX ? (uint32_t)n : 0;
+        } else {
+            fprintf(stderr, "kvidx-bench demo: unknown or incomplete option '%s'\n", argv[i]);
+            demo_usage(stderr);
+            return 2;
+        }
+        i++;
+    }
+    char err[600];
+    struct kvi_demo *d = kvi_demo_create(&c, err, sizeof err);
+    if (d == NULL) {
+        fprintf(stderr, "kvidx-bench demo: %s\n", err);
+        return 2;
+    }
+    /* SIGINT and SIGTERM end the demo: blocked here (the demo thread inherits the mask), taken by sigwait. */
+    sigset_t sigs, was;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, &was);
+    int rc = kvi_demo_start(d);
+    if (rc != 0) {
+        fprintf(stderr, "kvidx-bench demo: cannot start: %s\n", strerror(-rc));
+        kvi_demo_destroy(d);
+        pthread_sigmask(SIG_SETMASK, &was, NULL);
+        return 1;
+    }
+    /* until a signal, or the demo thread gave up (no engine could be registered) */
+    struct timespec tick = {0, 200 * 1000000L};
+    int sig = -1;
+    while (sig < 0 && !atomic_load_explicit(&d->ended, memory_order_relaxed))
+        sig = sigtimedwait(&sigs, NULL, &tick);
+    if (sig > 0)
+        kvi_log_info("demo: stopping (%s)", strsignal(sig));
+    kvi_demo_destroy(d);
+    pthread_sigmask(SIG_SETMASK, &was, NULL);
+    return sig > 0 ? 0 : 1;
 }
