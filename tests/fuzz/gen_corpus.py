@@ -17,7 +17,7 @@ layout is described at the top of its tests/fuzz/fuzz_<target>.c:
             (adjacent C literals joined); the rank op's raw parameters
   endpoint  an endpoint and --workers value
   dump      1 byte (chunking mode, callback stops) then a /dump body, in the
-            shapes of tests/api/dump_test.c and http-api.md §1.11
+            shapes of tests/api/codec_dump_test.c and http-api.md §1.11
   ingest    2 selector bytes (target, rank, skip_tiers, fresh; group,
             pub_applied) then a decode seed: each decoder fixture twice, on a
             fresh target whose block size its events use (a Mooncake-style
