@@ -28,6 +28,18 @@
 #define KVI_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define KVI_UNUSED __attribute__((unused))
 #define KVI_WARN_UNUSED __attribute__((warn_unused_result))
+/*
+ * On a constructor: pairs its result with the function that frees it (GCC >=
+ * 11 then warns about a mismatched or missing free). Only the deallocator
+ * form of the malloc attribute: the plain form would promise that the new
+ * object holds no pointer to an existing one, which most constructors break.
+ * @p fn must be declared before the constructor.
+ */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define KVI_DEALLOC(fn, argno) __attribute__((malloc(fn, argno)))
+#else
+#define KVI_DEALLOC(fn, argno)
+#endif
 #define KVI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define KVI_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define KVI_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "engine/index.h"
+#include "engine/common.h"
 
 /** A namespace: immutable after creation except for the index's contents. */
 struct kvi_ns {
@@ -36,17 +37,18 @@ struct kvi_ns {
 struct kvi_nsreg;
 
 /**
- * Create a registry whose indexes are created with @p tmpl (block_size is
- * taken from each add).
- * @return the registry or NULL with errno = ENOMEM.
- */
-struct kvi_nsreg *kvi_nsreg_create(const struct kvi_index_config *tmpl);
-
-/**
  * Destroy the registry and every namespace still in it, indexes included.
  * No reader or writer may use any of them any more.
  */
 void kvi_nsreg_destroy(struct kvi_nsreg *r);
+
+/**
+ * Create a registry whose indexes are created with @p tmpl (block_size is
+ * taken from each add).
+ * @return the registry or NULL with errno = ENOMEM.
+ */
+KVI_DEALLOC(kvi_nsreg_destroy, 1) KVI_WARN_UNUSED
+struct kvi_nsreg *kvi_nsreg_create(const struct kvi_index_config *tmpl);
 
 /**
  * Find or create the namespace (model, tenant).

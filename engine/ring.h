@@ -52,17 +52,6 @@
 /** Largest capacity kvi_ring_create accepts. */
 #define KVI_RING_MAX_CAPACITY (UINT32_C(1) << 30)
 
-/*
- * Constructor attribute pairing the result with its deallocator
- * (GCC >= 11 only; expands to plain `malloc` elsewhere).
- */
-#ifndef KVI_DEALLOC
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-#define KVI_DEALLOC(fn, argno) __attribute__((malloc, malloc(fn, argno)))
-#else
-#define KVI_DEALLOC(fn, argno) __attribute__((malloc))
-#endif
-#endif
 
 /**
  * The ring. Fields are private (leading underscore); use the functions below.

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "engine/index.h"
+#include "engine/common.h"
 
 #define KVI_WRITER_MAX 64
 #define KVI_PRODUCER_MAX 1024
@@ -156,31 +157,33 @@ struct kvi_writer_stats {
 };
 
 /**
+ * Stop the writers after they drain every ring, and free the pool. Every
+ * producer must have been destroyed first.
+ */
+void kvi_writer_pool_destroy(struct kvi_writer_pool *pool);
+
+/**
  * Start @p n_writers writer threads (1..KVI_WRITER_MAX), each with its own
  * arena. @param ring_capacity  ops per (producer, writer) ring (power of two
  * rounding; 0 = 4096; at most KVI_RING_MAX_CAPACITY).
  * @return the pool, or NULL with errno (EINVAL for a bad count or capacity,
  *         ENOMEM, or a pthread error).
  */
+KVI_DEALLOC(kvi_writer_pool_destroy, 1) KVI_WARN_UNUSED
 struct kvi_writer_pool *kvi_writer_pool_create(uint32_t n_writers, uint32_t ring_capacity);
-
-/**
- * Stop the writers after they drain every ring, and free the pool. Every
- * producer must have been destroyed first.
- */
-void kvi_writer_pool_destroy(struct kvi_writer_pool *pool);
 
 /** Number of writer threads. */
 uint32_t kvi_writer_pool_size(const struct kvi_writer_pool *pool);
+
+/** Flush and destroy a producer. Owning thread only. */
+void kvi_producer_destroy(struct kvi_producer *p);
 
 /**
  * Create a producer (one ring per writer) for the calling thread.
  * @return the producer or NULL with errno (ENOSPC past KVI_PRODUCER_MAX, ENOMEM).
  */
+KVI_DEALLOC(kvi_producer_destroy, 1) KVI_WARN_UNUSED
 struct kvi_producer *kvi_producer_create(struct kvi_writer_pool *pool);
-
-/** Flush and destroy a producer. Owning thread only. */
-void kvi_producer_destroy(struct kvi_producer *p);
 
 /**
  * Allocate an op with room for @p n blocks (STORE, STORE_SEQ_ONLY) or hashes

@@ -130,6 +130,8 @@ int kvi_dec__events_reserve(struct kvi_decoder *d, size_t extra)
     return 0;
 }
 
+static void decoder_free(struct kvi_decoder *d);
+
 struct kvi_decoder *kvi_decoder_create(void)
 {
     struct kvi_decoder *d = calloc(1, sizeof *d);
@@ -140,14 +142,15 @@ struct kvi_decoder *kvi_decoder_create(void)
     if (kvi_dec__events_reserve(d, INIT_EVENTS) || kvi_dec__vec64_reserve(&d->hashes, INIT_HASHES) ||
         kvi_dec__vec64_reserve(&d->mm, INIT_MM) || kvi_dec__vec32_reserve(&d->tokens, INIT_TOKENS) ||
         kvi_dec__vec32_reserve(&d->mmoff, INIT_MMOFF)) {
-        kvi_decoder_destroy(d);
+        decoder_free(d);
         errno = ENOMEM;
         return NULL;
     }
     return d;
 }
 
-void kvi_decoder_destroy(struct kvi_decoder *d)
+/* kvi_decoder_destroy's work, also for a decoder kvi_decoder_create could not finish. */
+static void decoder_free(struct kvi_decoder *d)
 {
     if (d == NULL)
         return;
@@ -158,6 +161,11 @@ void kvi_decoder_destroy(struct kvi_decoder *d)
     free(d->tokens.v);
     free(d->mmoff.v);
     free(d);
+}
+
+void kvi_decoder_destroy(struct kvi_decoder *d)
+{
+    decoder_free(d);
 }
 
 /* Shrink a scratch array of *cap elements to keep elements (when larger). */

@@ -111,6 +111,7 @@
 #include <stdint.h>
 
 #include "engine/index.h"
+#include "engine/common.h"
 
 enum kvi_ev_type {
     KVI_EV_STORED = 0,
@@ -205,14 +206,14 @@ enum kvi_decode_err {
 
 struct kvi_decoder;
 
+/** Free a decoder (and the scratch behind the last batch). */
+void kvi_decoder_destroy(struct kvi_decoder *d);
+
 /**
  * Create a decoder.
  * @return the decoder, or NULL with errno = ENOMEM.
  */
-struct kvi_decoder *kvi_decoder_create(void);
-
-/** Free a decoder (and the scratch behind the last batch). */
-void kvi_decoder_destroy(struct kvi_decoder *d);
+KVI_DEALLOC(kvi_decoder_destroy, 1) KVI_WARN_UNUSED struct kvi_decoder *kvi_decoder_create(void);
 
 /**
  * Decode one msgpack batch of @p len bytes at @p buf (single-threaded per

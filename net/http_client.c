@@ -59,6 +59,8 @@ void kvi_http_client_options_init(struct kvi_http_client_options *o)
     o->proto = KVI_HTTP_CLIENT_H2C_UPGRADE;
 }
 
+static void client_free(struct kvi_http_client *c);
+
 struct kvi_http_client *kvi_http_client_create(const struct kvi_http_client_options *o)
 {
     struct kvi_http_client_options def;
@@ -89,14 +91,15 @@ struct kvi_http_client *kvi_http_client_create(const struct kvi_http_client_opti
     c->multi = curl_multi_init();
     if (c->curl == NULL || c->multi == NULL || (o->ca_file != NULL && c->opt.ca_file == NULL) ||
         (o->bearer_token != NULL && o->bearer_token[0] != '\0' && c->token_header == NULL)) {
-        kvi_http_client_free(c);
+        client_free(c);
         errno = ENOMEM;
         return NULL;
     }
     return c;
 }
 
-void kvi_http_client_free(struct kvi_http_client *c)
+/* kvi_http_client_free's work, also for a client kvi_http_client_create could not finish. */
+static void client_free(struct kvi_http_client *c)
 {
     if (c == NULL)
         return;
@@ -107,6 +110,11 @@ void kvi_http_client_free(struct kvi_http_client *c)
     free((char *)c->opt.ca_file);
     free(c->token_header);
     free(c);
+}
+
+void kvi_http_client_free(struct kvi_http_client *c)
+{
+    client_free(c);
 }
 
 /* ---- callbacks ---- */

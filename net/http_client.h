@@ -30,6 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/common.h"
+
 struct kvi_http_client;
 
 /** How to speak to the server. */
@@ -62,16 +64,17 @@ struct kvi_http_client_options {
 /** Fill @p o with the defaults above. */
 void kvi_http_client_options_init(struct kvi_http_client_options *o);
 
+/** Free a client and close its connections (NULL is a no-op). */
+void kvi_http_client_free(struct kvi_http_client *c);
+
 /**
  * Create a client.
  * @param o  NULL for defaults
  * @return the client, or NULL with errno set: ENOMEM, EIO (libcurl could
  *         not be initialised).
  */
+KVI_DEALLOC(kvi_http_client_free, 1) KVI_WARN_UNUSED
 struct kvi_http_client *kvi_http_client_create(const struct kvi_http_client_options *o);
-
-/** Free a client and close its connections (NULL is a no-op). */
-void kvi_http_client_free(struct kvi_http_client *c);
 
 /**
  * Receives the body of a 2xx answer, piece by piece, in order, on the

@@ -110,6 +110,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "engine/common.h"
+
 struct kvi_http_server;
 struct kvi_http_res;
 struct kvi_http_deferred;
@@ -217,6 +219,13 @@ struct kvi_http_options {
 void kvi_http_options_init(struct kvi_http_options *o);
 
 /**
+ * Free the server (control plane, after kvi_http_server_stop, or without
+ * start). Every handle from kvi_http_defer must have been completed and every
+ * kvi_http_stream ended before; an outstanding one is a fatal error.
+ */
+void kvi_http_server_free(struct kvi_http_server *s);
+
+/**
  * Create a server: set up h2o, load the TLS certificate if configured, and
  * bind and listen on every thread's socket (so the port is known at once).
  * Process-wide effects: SIGPIPE is ignored (writes to closed sockets must
@@ -230,6 +239,7 @@ void kvi_http_options_init(struct kvi_http_options *o);
  *         certificate or key unusable), EADDRINUSE / EACCES / other socket
  *         errors from bind or listen, ENOENT (host does not resolve).
  */
+KVI_DEALLOC(kvi_http_server_free, 1) KVI_WARN_UNUSED
 struct kvi_http_server *kvi_http_server_create(const struct kvi_http_options *o);
 
 /**
@@ -265,13 +275,6 @@ uint16_t kvi_http_server_port(const struct kvi_http_server *s);
  *         some had to be cut, -EDEADLK when called from a loop thread.
  */
 int kvi_http_server_stop(struct kvi_http_server *s);
-
-/**
- * Free the server (control plane, after kvi_http_server_stop, or without
- * start). Every handle from kvi_http_defer must have been completed and every
- * kvi_http_stream ended before; an outstanding one is a fatal error.
- */
-void kvi_http_server_free(struct kvi_http_server *s);
 
 /* ---- request helpers (loop thread, during the handler) ---- */
 

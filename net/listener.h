@@ -110,6 +110,7 @@
 #include "engine/index.h"
 #include "engine/writer.h"
 #include "net/watermark.h"
+#include "engine/common.h"
 
 #define KVI_LISTEN_EP_MAX 256   /* bytes of an endpoint, NUL included */
 #define KVI_LISTEN_NAME_MAX 256 /* bytes of an instance name or topic, NUL included */
@@ -308,6 +309,12 @@ struct kvi_listener_thread_stats {
 struct kvi_listeners;
 
 /**
+ * Stop every listener (as unregister does, in turn), then the threads, and
+ * free the pool. Destroy it before the writer pool. No other call may run.
+ */
+void kvi_listeners_destroy(struct kvi_listeners *lp);
+
+/**
  * Create the pool and start its threads (each creates its producer on
  * @p writers and its decoder).
  * @param cfg  settings, or NULL for the defaults
@@ -315,13 +322,8 @@ struct kvi_listeners;
  *         ENOSPC (no producer left on @p writers), or the error of
  *         zmq_ctx_new / eventfd / epoll_create / pthread_create.
  */
+KVI_DEALLOC(kvi_listeners_destroy, 1) KVI_WARN_UNUSED
 struct kvi_listeners *kvi_listeners_create(struct kvi_writer_pool *writers, const struct kvi_listeners_config *cfg);
-
-/**
- * Stop every listener (as unregister does, in turn), then the threads, and
- * free the pool. Destroy it before the writer pool. No other call may run.
- */
-void kvi_listeners_destroy(struct kvi_listeners *lp);
 
 /**
  * Register a listener. Validates the spec, then hands it to a thread and

@@ -25,6 +25,8 @@ static uint32_t default_threads(void)
     return n > 4 ? 2 : 1;
 }
 
+static void listeners_free(struct kvi_listeners *lp);
+
 struct kvi_listeners *kvi_listeners_create(struct kvi_writer_pool *writers, const struct kvi_listeners_config *cfg)
 {
     struct kvi_listeners_config c = cfg ? *cfg : (struct kvi_listeners_config){0};
@@ -78,7 +80,7 @@ struct kvi_listeners *kvi_listeners_create(struct kvi_writer_pool *writers, cons
         if (rc != 0) {
             kvi_lis__thread_cleanup(&lp->thr[i]);
             lp->n_threads = i;
-            kvi_listeners_destroy(lp);
+            listeners_free(lp);
             errno = -rc;
             return NULL;
         }
@@ -485,7 +487,8 @@ void kvi_listeners_open_gate(struct kvi_listeners *lp)
     pthread_mutex_unlock(&lp->ctl);
 }
 
-void kvi_listeners_destroy(struct kvi_listeners *lp)
+/* kvi_listeners_destroy's work, also for a pool kvi_listeners_create could not finish. */
+static void listeners_free(struct kvi_listeners *lp)
 {
     if (lp == NULL)
         return;
@@ -508,6 +511,11 @@ void kvi_listeners_destroy(struct kvi_listeners *lp)
     free(lp->thr);
     free(lp->bucket);
     free(lp);
+}
+
+void kvi_listeners_destroy(struct kvi_listeners *lp)
+{
+    listeners_free(lp);
 }
 
 /* ---- inspection ----------------------------------------------------------- */
