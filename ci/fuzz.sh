@@ -43,7 +43,7 @@ secs_of() { if [ -n "$secs" ]; then echo "$secs"; else ci_secs "$1"; fi; }
 
 # fuzz_ingest's whole-table check (kvi_index_check_tables) is left out by
 # default: it still finds two entries under one prefix key at one depth after
-# a sequence of token and seq stores (README "Findings", item 9, open). Set
+# a sequence of token and seq stores (tests/README.md, "Findings", item 9, open). Set
 # KVI_FUZZ_INGEST_SKIP_TABLES=0 to fuzz with it. Every other invariant runs.
 export KVI_FUZZ_INGEST_SKIP_TABLES="${KVI_FUZZ_INGEST_SKIP_TABLES:-1}"
 dir="${KVI_FUZZ_DIR:-build/fuzz}" # the build tree (the corpus and findings live in it)

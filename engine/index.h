@@ -117,7 +117,7 @@ struct kvi_index_config {
     uint64_t key_seed;   /* prefix-key secret; 0 = random per index */
 };
 
-/** Default jump size (see README "Jump size" for the measurement). */
+/** Default jump size (see engine/README.md, "Jump size", for the measurement). */
 #define KVI_DEFAULT_JUMP 256
 
 /** A block of a stored event. */

@@ -448,6 +448,6 @@ void kvi_http__h2_guard(struct kvi_http_server *s, struct conn *c, h2o_req_t *re
 #else
 void kvi_http__h2_guard(struct kvi_http_server *s, struct conn *c, h2o_req_t *req)
 {
-    (void)s, (void)c, (void)req; /* not h2o 2.2.5: see the README's Limits */
+    (void)s, (void)c, (void)req; /* not h2o 2.2.5: see Limits in net/http_server.h */
 }
 #endif

@@ -2,7 +2,7 @@
 /*
  * Cheap ways to hang kvidxd or grow it, against the real daemon (issue 18,
  * items 2, 3, 8 and 13): each limit holds, answers or closes as documented
- * (README "Limits"), is counted in /metrics and logged, and leaves other
+ * (tests/README.md, "Bad input"), is counted in /metrics and logged, and leaves other
  * clients served.
  *
  *   1. test_rapid_reset: HEADERS + RST_STREAM pairs on one HTTP/2

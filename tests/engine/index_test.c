@@ -2528,7 +2528,7 @@ static void test_rebuild_counters(void **state)
  * its definition, for short lengths and a long run, and writes nothing past
  * n: stores chain keys one block at a time and queries must agree bit for
  * bit, whatever way either is computed (a vectorised version was tried and
- * checked against this; README, Performance). */
+ * checked against this; engine/README.md, "Identity and tables"). */
 static void test_prefix_keys_match_definition(void **state)
 {
     (void)state;

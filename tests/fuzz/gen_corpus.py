@@ -24,7 +24,7 @@ layout is described at the top of its tests/fuzz/fuzz_<target>.c:
             target for RFC 1527 events) and on another target and options
 
 Findings are not written here: they go to tests/fuzz/regressions/<target>/
-(see README.md, "Fuzzing"). Usage:
+(see tests/README.md, "Fuzzing"). Usage:
 
     gen_corpus.py            rewrite tests/fuzz/corpus/
     gen_corpus.py --check    exit 1 if the committed corpus differs

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The installed C publisher, used the way an engine's build uses it: install
 # the "publisher" component of BUILD_DIR into a temporary prefix, then compile
-# the README's example (net/examples/publisher_example.c) with nothing but
+# net/README.md's example (net/examples/publisher_example.c) with nothing but
 # `pkg-config --cflags --libs kvidx-publisher`, run it, and check its output.
 #
 # usage: publisher_pkgconfig.sh BUILD_DIR SOURCE_DIR
