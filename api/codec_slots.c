@@ -301,8 +301,19 @@ static bool dec_u64(const char *p, size_t n, uint64_t max, uint64_t *out)
     return true;
 }
 
+/* The dot-separated fields of a cursor of listing @p what (engine/slots.h, Paging). */
+static size_t cursor_fields(enum kvi_slot_listing what)
+{
+    return what == KVI_SLOT_LIST_WORKERS ? 3 : 4;
+}
+
+static const char *listing_path(enum kvi_slot_listing what)
+{
+    return what == KVI_SLOT_LIST_WORKERS ? "/workers" : "/loads";
+}
+
 int kvi_slot_parse_page(const char *query, size_t len, struct kvi_scratch *s, size_t max_limit,
-                        struct kvi_slot_page *out, struct kvi_api_err *err)
+                        enum kvi_slot_listing what, struct kvi_slot_page *out, struct kvi_api_err *err)
 {
     memset(out, 0, sizeof(*out));
     out->limit = max_limit;
@@ -319,25 +330,26 @@ int kvi_slot_parse_page(const char *query, size_t len, struct kvi_scratch *s, si
     v = query_param(query, len, "cursor", &vl);
     if (v == NULL)
         return 0;
-    /* <hex model>.<hex tenant>.<worker_id>.<dp_rank> */
+    /* <hex model>.<hex tenant>.<worker_id>[.<dp_rank>] */
+    size_t nf = cursor_fields(what);
     const char *f[4];
     size_t fl[4];
     size_t k = 0;
     const char *p = v, *end = v + vl;
-    while (k < 4) {
-        const char *dot = k < 3 ? memchr(p, '.', (size_t)(end - p)) : NULL;
+    while (k < nf) {
+        const char *dot = k + 1 < nf ? memchr(p, '.', (size_t)(end - p)) : NULL;
         const char *e = dot != NULL ? dot : end;
-        if (k < 3 && dot == NULL)
+        if (k + 1 < nf && dot == NULL)
             break;
         f[k] = p;
         fl[k++] = (size_t)(e - p);
         p = e + 1;
     }
-    uint64_t w, r;
+    uint64_t w, r = 0;
     int rc = -EINVAL;
-    if (k == 4 && (rc = unhex(f[0], fl[0], s, &out->after.key.model, &out->after.key.model_len)) == 0 &&
+    if (k == nf && (rc = unhex(f[0], fl[0], s, &out->after.key.model, &out->after.key.model_len)) == 0 &&
         (rc = unhex(f[1], fl[1], s, &out->after.key.tenant, &out->after.key.tenant_len)) == 0 &&
-        dec_u64(f[2], fl[2], UINT64_MAX, &w) && dec_u64(f[3], fl[3], UINT32_MAX, &r)) {
+        dec_u64(f[2], fl[2], UINT64_MAX, &w) && (nf < 4 || dec_u64(f[3], fl[3], UINT32_MAX, &r))) {
         out->after.worker_id = w;
         out->after.dp_rank = (uint32_t)r;
         out->has_after = true;
@@ -347,27 +359,44 @@ int kvi_slot_parse_page(const char *query, size_t len, struct kvi_scratch *s, si
         return kvi_err__set(err, 500, NULL, NULL, -1, "out of memory while parsing the query string");
     return kvi_err__set(err, 400, NULL, NULL, -1,
                         "invalid query parameter cursor: expected the X-Kvidx-Next-Cursor value of "
-                        "a previous /loads answer");
+                        "a previous %s answer",
+                        listing_path(what));
+}
+
+/* Count one more entry with @p names name bytes in an answer of *used bytes; false when it would pass
+ * @p max_bytes (the first entry always fits). */
+static bool fit_one(size_t *used, size_t i, size_t names, size_t max_bytes)
+{
+    /* worst case: every name byte escaped as \u00XX; keys, six integers and punctuation */
+    size_t one = 6 * names + 192;
+    if (i > 0 && *used + one > max_bytes)
+        return false;
+    *used += one;
+    return true;
 }
 
 size_t kvi_slot_loads_fit(const struct kvi_slots_load *l, size_t n, size_t max_bytes)
 {
     size_t used = 2, i = 0; /* [] */
-    for (; i < n; i++) {
-        /* worst case: every name byte escaped as \u00XX; keys, six u64 and punctuation */
-        size_t one = 6 * (l[i].model_len + l[i].tenant_len) + 192;
-        if (i > 0 && used + one > max_bytes)
-            break;
-        used += one;
-    }
+    while (i < n && fit_one(&used, i, l[i].model_len + l[i].tenant_len, max_bytes))
+        i++;
     return i;
 }
 
-int kvi_slot_encode_cursor(const struct kvi_slots_load *last, struct kvi_buf *out)
+size_t kvi_slot_workers_fit(const struct kvi_slots_worker *w, size_t n, size_t max_bytes)
+{
+    size_t used = 2, i = 0; /* [] */
+    while (i < n && fit_one(&used, i, w[i].model_len + w[i].tenant_len, max_bytes))
+        i++;
+    return i;
+}
+
+int kvi_slot_encode_cursor(enum kvi_slot_listing what, const struct kvi_slots_pos *last,
+                           struct kvi_buf *out)
 {
     static const char hx[] = "0123456789abcdef";
-    const char *str[2] = {last->model, last->tenant};
-    size_t n[2] = {last->model_len, last->tenant_len};
+    const char *str[2] = {last->key.model, last->key.tenant};
+    size_t n[2] = {last->key.model_len, last->key.tenant_len};
     for (int k = 0; k < 2; k++) {
         for (size_t i = 0; i < n[k]; i++) {
             unsigned char c = (unsigned char)str[k][i];
@@ -377,8 +406,10 @@ int kvi_slot_encode_cursor(const struct kvi_slots_load *last, struct kvi_buf *ou
         kvi_buf_putc(out, '.');
     }
     kvi_buf_put_u64(out, last->worker_id);
-    kvi_buf_putc(out, '.');
-    kvi_buf_put_u64(out, last->dp_rank);
+    if (what == KVI_SLOT_LIST_LOADS) {
+        kvi_buf_putc(out, '.');
+        kvi_buf_put_u64(out, last->dp_rank);
+    }
     kvi_buf_putc(out, '\0');
     return kvi_buf_ok(out) ? 0 : -ENOMEM;
 }

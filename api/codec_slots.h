@@ -10,7 +10,8 @@
  *   |------------------------|-------------------------------------|--------------------|
  *   | POST /register         | kvi_slot_parse_register             | 201 {"status":"ok"}|
  *   | POST /unregister       | kvi_slot_parse_unregister           | 200 {"status":"ok"}|
- *   | GET  /workers          | kvi_slot_parse_filter, _encode_workers | 200 [...] sorted |
+ *   | GET  /workers          | kvi_slot_parse_filter, _parse_page, | 200 [...] sorted,  |
+ *   |                        | _workers_fit, _encode_workers, _cursor | paged (kvidx)   |
  *   | POST /add              | kvi_slot_parse_add                  | 201 {"status":"ok"}|
  *   | POST /prefill_complete | kvi_slot_parse_lifecycle            | 200 {"status":"ok"}|
  *   | POST /free             | kvi_slot_parse_lifecycle            | 200 {"status":"ok"}|
@@ -126,52 +127,75 @@ int kvi_slot_parse_potential(const void *body, size_t len, enum kvi_ctype ct,
  * GET /workers and /loads: the query string after '?' (may be empty), with
  * the independent optional filters model_name and tenant_id
  * (percent-decoded; other parameters ignored). An absent filter is a NULL
- * pointer in @p out (match all), as kvi_slots_workers / kvi_slots_loads take
- * it. @return 0 or -ENOMEM (500).
+ * pointer in @p out (match all), as kvi_slots_workers_page /
+ * kvi_slots_loads_page take it. @return 0 or -ENOMEM (500).
  */
 int kvi_slot_parse_filter(const char *query, size_t len, struct kvi_scratch *s,
                           struct kvi_slots_key *out, struct kvi_api_err *err);
 
-/** Default and largest ranks in one GET /loads answer (--slot-loads-page). */
+/*
+ * PAGING (kvidx extension; the reference answers every entry at once). GET
+ * /workers and GET /loads answer at most one page: at most the page bound
+ * (--slot-loads-page) entries, workers or ranks, fewer when the answer's
+ * worst-case size would pass KVI_SLOT_LOADS_MAX_BYTES. When more follow, the
+ * handler sets KVI_SLOT_CURSOR_HEADER to the cursor naming the last entry
+ * returned, and ?cursor= resumes after it (engine/slots.h, Paging). An answer
+ * that holds everything carries no header and is the document's body.
+ */
+
+/** Default and largest entries (ranks of /loads, workers of /workers) in one answer (--slot-loads-page). */
 #define KVI_SLOT_LOADS_PAGE 16384u
-/** Estimated bytes one GET /loads answer may reach before it is cut (kvi_slot_loads_fit). */
+/** Estimated bytes one paged answer may reach before it is cut (kvi_slot_loads_fit, _workers_fit). */
 #define KVI_SLOT_LOADS_MAX_BYTES (8u << 20)
 /** The response header that carries the next page's cursor. */
 #define KVI_SLOT_CURSOR_HEADER "X-Kvidx-Next-Cursor"
 
-/** GET /loads paging (kvidx extension; the reference answers every rank at once). */
+/** The paged listings; a cursor belongs to one of them. */
+enum kvi_slot_listing {
+    KVI_SLOT_LIST_LOADS,   /* GET /loads:   <hex model>.<hex tenant>.<worker_id>.<dp_rank> */
+    KVI_SLOT_LIST_WORKERS, /* GET /workers: <hex model>.<hex tenant>.<worker_id> */
+};
+
+/** A paged listing's parameters. */
 struct kvi_slot_page {
-    size_t limit;        /* ranks in this answer: min(limit parameter, the page bound) */
+    size_t limit;        /* entries in this answer: min(limit parameter, the page bound) */
     bool explicit_limit; /* a limit parameter was given */
     bool has_after;      /* a cursor was given: start after @p after */
-    struct kvi_slots_load_pos after;
+    struct kvi_slots_pos after; /* dp_rank is 0 for KVI_SLOT_LIST_WORKERS */
 };
 
 /**
- * GET /loads paging parameters of the query string (raw, not
+ * The paging parameters of listing @p what in the query string (raw, not
  * percent-decoded; other parameters ignored): limit (a decimal integer >= 1,
  * lowered to @p max_limit; absent: @p max_limit) and cursor (the
- * KVI_SLOT_CURSOR_HEADER value of the previous answer:
- * <hex model>.<hex tenant>.<worker_id>.<dp_rank>, lowercase or uppercase
- * hex). Strings of @p out point into @p s.
+ * KVI_SLOT_CURSOR_HEADER value of a previous answer of the same listing, as
+ * enum kvi_slot_listing spells it; hex in lowercase or uppercase). Strings
+ * of @p out point into @p s. Reentrant.
  * @return 0, -EINVAL (400 "invalid query parameter limit: ..." or
- *         "... cursor: ..."), -ENOMEM (500).
+ *         "... cursor: expected the X-Kvidx-Next-Cursor value of a previous
+ *         /loads answer" (/workers answer)), -ENOMEM (500).
  */
 int kvi_slot_parse_page(const char *query, size_t len, struct kvi_scratch *s, size_t max_limit,
-                        struct kvi_slot_page *out, struct kvi_api_err *err);
+                        enum kvi_slot_listing what, struct kvi_slot_page *out, struct kvi_api_err *err);
 
 /**
  * How many of the first @p n loads fit an answer of @p max_bytes, counting
  * each entry at its worst-case size (every name byte escaped). At least 1
- * when @p n > 0.
+ * when @p n > 0. Reentrant.
  */
 size_t kvi_slot_loads_fit(const struct kvi_slots_load *l, size_t n, size_t max_bytes);
 
+/** As kvi_slot_loads_fit, for GET /workers entries. */
+size_t kvi_slot_workers_fit(const struct kvi_slots_worker *w, size_t n, size_t max_bytes);
+
 /**
- * The cursor that resumes a /loads listing after @p last, NUL-terminated
- * (the NUL is counted in out->len). @return 0 or -ENOMEM.
+ * The cursor of listing @p what that resumes after @p last (dp_rank is
+ * ignored for KVI_SLOT_LIST_WORKERS), appended NUL-terminated (the NUL is
+ * counted in out->len). Reentrant.
+ * @return 0 or -ENOMEM.
  */
-int kvi_slot_encode_cursor(const struct kvi_slots_load *last, struct kvi_buf *out);
+int kvi_slot_encode_cursor(enum kvi_slot_listing what, const struct kvi_slots_pos *last,
+                           struct kvi_buf *out);
 
 /** POST /register_peer and /deregister_peer: {"url": "..."}. Returns as above. */
 int kvi_slot_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
@@ -243,7 +267,8 @@ int kvi_slot_encode_ok(struct kvi_buf *out);
 
 /**
  * GET /workers: [{"worker_id","model_name","tenant_id","block_size",
- * "dp_start","dp_size"}] in the given order (kvi_slots_workers sorts).
+ * "dp_start","dp_size"}] in the given order (kvi_slots_workers and
+ * kvi_slots_workers_page sort); one page of a paged answer is the same array.
  * @return 0 or -ENOMEM.
  */
 int kvi_slot_encode_workers(const struct kvi_slots_worker *w, size_t n, struct kvi_buf *out);
@@ -251,7 +276,8 @@ int kvi_slot_encode_workers(const struct kvi_slots_worker *w, size_t n, struct k
 /**
  * GET /loads: [{"model_name","tenant_id","worker_id","dp_rank",
  * "active_prefill_tokens","active_decode_blocks"}] in the given order
- * (kvi_slots_loads sorts). @return 0 or -ENOMEM.
+ * (kvi_slots_loads and kvi_slots_loads_page sort); one page of a paged
+ * answer is the same array. @return 0 or -ENOMEM.
  */
 int kvi_slot_encode_loads(const struct kvi_slots_load *l, size_t n, struct kvi_buf *out);
 

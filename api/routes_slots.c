@@ -60,7 +60,8 @@ struct kvi_slot_routes {
     bool test_endpoints;
     struct slot_thread *threads;
     struct route_ud *uds;
-    _Atomic uint64_t loads_paged; /* /loads answers cut to a page (more followed) */
+    _Atomic uint64_t loads_paged;   /* /loads answers cut to a page (more followed) */
+    _Atomic uint64_t workers_paged; /* /workers answers cut to a page (more followed) */
 };
 
 /* ---- answers ------------------------------------------------------------------------------------- */
@@ -282,60 +283,64 @@ static void h_health(struct kvi_slot_routes *rt, struct slot_thread *t, const st
     kvi_http_respond(res, 200, NULL, NULL, 0);
 }
 
-static void h_workers(struct kvi_slot_routes *rt, struct slot_thread *t, const struct kvi_http_req *req,
-                      struct kvi_http_res *res)
+/* The position of entry @p i of a page (its strings point where the entry's do). */
+static struct kvi_slots_pos pos_of(enum kvi_slot_listing what, const struct slot_thread *t, size_t i)
 {
-    struct kvi_slots_key f;
-    struct kvi_api_err e;
-    if (kvi_slot_parse_filter(req->query.p, req->query.len, &t->scratch, &f, &e) != 0) {
-        send_err(res, t, &e);
-        return;
+    if (what == KVI_SLOT_LIST_WORKERS) {
+        const struct kvi_slots_worker *w = &t->w[i];
+        return (struct kvi_slots_pos){{w->model, w->model_len, w->tenant, w->tenant_len}, w->worker_id, 0};
     }
-    const struct kvi_slots *sl = kvi_slot_service_slots(rt->s);
-    kvi_buf_reset(&t->out);
-    kvi_rcu_read_lock();
-    size_t n;
-    while ((n = kvi_slots_workers(sl, &f, t->w, t->w_cap)) > t->w_cap) {
-        t->w_cap = n + n / 2;
-        free(t->w);
-        t->w = kvi_xmalloc(t->w_cap * sizeof(*t->w));
-    }
-    kvi_slot_encode_workers(t->w, n, &t->out); /* names point into tracker memory: encode inside */
-    kvi_rcu_read_unlock();
-    send_buf(res, 200, KVI_MIME_JSON, &t->out);
+    const struct kvi_slots_load *l = &t->l[i];
+    return (struct kvi_slots_pos){{l->model, l->model_len, l->tenant, l->tenant_len}, l->worker_id, l->dp_rank};
 }
 
-static void h_loads(struct kvi_slot_routes *rt, struct slot_thread *t, const struct kvi_http_req *req,
-                    struct kvi_http_res *res)
+/*
+ * GET /workers and GET /loads (sorted, filtered by model_name and tenant_id) with kvidx's paging: at most one page
+ * (--slot-loads-page entries, worst case KVI_SLOT_LOADS_MAX_BYTES) per answer; when more follow, the header
+ * KVI_SLOT_CURSOR_HEADER names the last entry, after which the next answer (?cursor=) starts. Loop thread.
+ */
+static void h_listing(struct kvi_slot_routes *rt, struct slot_thread *t, const struct kvi_http_req *req,
+                      struct kvi_http_res *res, enum kvi_slot_listing what)
 {
     struct kvi_slots_key f;
-    struct kvi_api_err e;
-    if (kvi_slot_parse_filter(req->query.p, req->query.len, &t->scratch, &f, &e) != 0) {
-        send_err(res, t, &e);
-        return;
-    }
-    /* kvidx paging: at most one page (--slot-loads-page ranks, worst case 8 MiB) per answer; when more
-     * follow, the header KVI_SLOT_CURSOR_HEADER names where the next answer (?cursor=) starts */
     struct kvi_slot_page pg;
-    if (kvi_slot_parse_page(req->query.p, req->query.len, &t->scratch, kvi_slot_service_loads_page(rt->s), &pg,
-                            &e) != 0) {
+    struct kvi_api_err e;
+    if (kvi_slot_parse_filter(req->query.p, req->query.len, &t->scratch, &f, &e) != 0 ||
+        kvi_slot_parse_page(req->query.p, req->query.len, &t->scratch, kvi_slot_service_loads_page(rt->s), what,
+                            &pg, &e) != 0) {
         send_err(res, t, &e);
         return;
     }
-    if (t->l_cap < pg.limit + 1) {
-        t->l_cap = pg.limit + 1;
-        free(t->l);
-        t->l = kvi_xmalloc(t->l_cap * sizeof(*t->l));
+    bool workers = what == KVI_SLOT_LIST_WORKERS;
+    size_t *cap = workers ? &t->w_cap : &t->l_cap;
+    if (*cap < pg.limit + 1) { /* one more than the page: whether another follows */
+        *cap = pg.limit + 1;
+        if (workers) {
+            free(t->w);
+            t->w = kvi_xmalloc(*cap * sizeof(*t->w));
+        } else {
+            free(t->l);
+            t->l = kvi_xmalloc(*cap * sizeof(*t->l));
+        }
     }
     const struct kvi_slots *sl = kvi_slot_service_slots(rt->s);
+    const struct kvi_slots_pos *after = pg.has_after ? &pg.after : NULL;
     kvi_buf_reset(&t->out);
     struct kvi_buf cur = {0};
-    kvi_rcu_read_lock();
-    size_t n = kvi_slots_loads_page(sl, &f, pg.has_after ? &pg.after : NULL, t->l, pg.limit + 1);
-    size_t fit = kvi_slot_loads_fit(t->l, n < pg.limit ? n : pg.limit, KVI_SLOT_LOADS_MAX_BYTES);
-    if (fit < n)
-        kvi_slot_encode_cursor(&t->l[fit - 1], &cur); /* names point into tracker memory: inside */
-    kvi_slot_encode_loads(t->l, fit, &t->out);
+    kvi_rcu_read_lock(); /* names point into tracker memory: cursor and body are encoded inside */
+    size_t n = workers ? kvi_slots_workers_page(sl, &f, after, t->w, pg.limit + 1)
+                       : kvi_slots_loads_page(sl, &f, after, t->l, pg.limit + 1);
+    size_t m = n < pg.limit ? n : pg.limit;
+    size_t fit = workers ? kvi_slot_workers_fit(t->w, m, KVI_SLOT_LOADS_MAX_BYTES)
+                         : kvi_slot_loads_fit(t->l, m, KVI_SLOT_LOADS_MAX_BYTES);
+    if (fit < n) {
+        struct kvi_slots_pos last = pos_of(what, t, fit - 1);
+        kvi_slot_encode_cursor(what, &last, &cur);
+    }
+    if (workers)
+        kvi_slot_encode_workers(t->w, fit, &t->out);
+    else
+        kvi_slot_encode_loads(t->l, fit, &t->out);
     kvi_rcu_read_unlock();
     if (fit < n) {
         if (!kvi_buf_ok(&cur)) {
@@ -344,10 +349,22 @@ static void h_loads(struct kvi_slot_routes *rt, struct slot_thread *t, const str
             return;
         }
         kvi_http_add_header(res, KVI_SLOT_CURSOR_HEADER, (const char *)cur.data);
-        atomic_fetch_add_explicit(&rt->loads_paged, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(workers ? &rt->workers_paged : &rt->loads_paged, 1, memory_order_relaxed);
     }
     kvi_buf_free(&cur);
     send_buf(res, 200, KVI_MIME_JSON, &t->out);
+}
+
+static void h_workers(struct kvi_slot_routes *rt, struct slot_thread *t, const struct kvi_http_req *req,
+                      struct kvi_http_res *res)
+{
+    h_listing(rt, t, req, res, KVI_SLOT_LIST_WORKERS);
+}
+
+static void h_loads(struct kvi_slot_routes *rt, struct slot_thread *t, const struct kvi_http_req *req,
+                    struct kvi_http_res *res)
+{
+    h_listing(rt, t, req, res, KVI_SLOT_LIST_LOADS);
 }
 
 static void h_potential(struct kvi_slot_routes *rt, struct slot_thread *t, const struct kvi_http_req *req,
@@ -597,6 +614,8 @@ static void h_metrics(struct kvi_slot_routes *rt, struct slot_thread *t, const s
     C("register_refused_ranks", "/register refused: --slot-max-dp-size or --slot-max-ranks.", st.refused_ranks);
     C("loads_paged", "GET /loads answers cut to a page (X-Kvidx-Next-Cursor set).",
       atomic_load_explicit(&rt->loads_paged, memory_order_relaxed));
+    C("workers_paged", "GET /workers answers cut to a page (X-Kvidx-Next-Cursor set).",
+      atomic_load_explicit(&rt->workers_paged, memory_order_relaxed));
 #undef G
 #undef C
     send_buf(res, 200, MIME_PROM, b);

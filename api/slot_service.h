@@ -100,7 +100,8 @@ struct kvi_slot_service_config {
     uint32_t max_models;   /* --slot-max-models: trackers; 0 = KVI_SLOTS_MAX_TRACKERS (1024) */
     uint32_t max_dp_size;  /* --slot-max-dp-size: per /register; 0 = KVI_SLOTS_MAX_DP_SIZE (1024) */
     uint32_t max_ranks;    /* --slot-max-ranks: per tracker; 0 = KVI_SLOTS_MAX_RANKS (65536) */
-    uint32_t loads_page;   /* --slot-loads-page: ranks per /loads answer; 0 = KVI_SLOT_LOADS_PAGE */
+    uint32_t loads_page;   /* --slot-loads-page: ranks per /loads, workers per /workers answer;
+                            * 0 = KVI_SLOT_LOADS_PAGE */
     /* set by kvidxd from its own flags */
     const char *host;         /* bind address; NULL = "0.0.0.0" */
     size_t body_limit;        /* 0 = 2 MiB */
@@ -156,7 +157,8 @@ int kvi_slot_service_start(struct kvi_slot_service *s);
 /** The bound slot port, 0 when there is none. Any thread. */
 uint16_t kvi_slot_service_port(const struct kvi_slot_service *s);
 
-/** Most ranks in one GET /loads answer (--slot-loads-page, defaulted). Any thread. */
+/** Most entries in one GET /loads (ranks) or GET /workers (workers) answer (--slot-loads-page,
+ *  defaulted; api/codec_slots.h PAGING). Any thread. */
 uint32_t kvi_slot_service_loads_page(const struct kvi_slot_service *s);
 
 /**

@@ -1261,25 +1261,85 @@ int kvi_slots_apply_replica(struct kvi_slots *s, const struct kvi_slots_event *e
 
 /* ---- reads ---------------------------------------------------------------------------- */
 
-size_t kvi_slots_workers(const struct kvi_slots *s, const struct kvi_slots_key *filter,
-                         struct kvi_slots_worker *out, size_t cap)
+/*
+ * The listings (GET /workers, GET /loads) and their pages share one walk:
+ * the trackers in key order from @p after's (model, tenant) on (all of them
+ * without a position), the filter applied per tracker, and inside the
+ * position's own tracker only the rows after it. A listing says how many rows
+ * a tracker has, where a position resumes inside one, and how a row is
+ * written. Reader (inside an RCU read-side section).
+ */
+struct listing {
+    uint32_t (*rows)(const struct rtab *rt);
+    /* The first row that sorts after @p after (its tracker being @p after's). */
+    uint32_t (*resume)(const struct rtab *rt, const struct kvi_slots_pos *after);
+    /* Write row @p row of tracker @p t as entry @p k of @p out. */
+    void (*row)(const struct strk *t, const struct rtab *rt, uint32_t row, void *out, size_t k);
+};
+
+/*
+ * Write the rows of @p l after @p after (NULL: from the first) into @p out,
+ * at most @p cap of them. @p count_all: go on counting the rows past @p cap
+ * (the unpaged listings' "full count"; a whole tracker at a time); otherwise
+ * stop at @p cap. @return the rows counted.
+ */
+static size_t list_walk(const struct kvi_slots *s, const struct listing *l,
+                        const struct kvi_slots_key *filter, const struct kvi_slots_pos *after,
+                        void *out, size_t cap, bool count_all)
 {
     const struct ttab *tt = kvi_rcu_deref(((struct kvi_slots *)s)->trackers);
     size_t k = 0;
-    for (uint32_t i = 0; i < tt->n; i++) {
+    bool found = false; /* tt->t[from] is the position's own tracker */
+    uint32_t from = after != NULL ? ttab_pos(tt, &after->key, &found) : 0;
+    for (uint32_t i = from; i < tt->n && (count_all || k < cap); i++) {
         struct strk *t = tt->t[i];
         if (!trk_matches(t, filter))
             continue;
         const struct rtab *rt = kvi_rcu_deref(t->ranks);
-        for (uint32_t w = 0; w < rt->n_workers; w++, k++) {
-            if (k >= cap)
-                continue;
-            out[k] = (struct kvi_slots_worker){t->model, t->model_len, t->tenant, t->tenant_len,
-                                               rt->workers[w].worker_id, t->block_size,
-                                               rt->workers[w].dp_start, rt->workers[w].dp_size};
-        }
+        uint32_t n = l->rows(rt);
+        uint32_t j = found && i == from ? l->resume(rt, after) : 0;
+        for (; j < n && k < cap; j++, k++)
+            l->row(t, rt, j, out, k);
+        if (count_all && j < n)
+            k += n - j;
     }
     return k;
+}
+
+static uint32_t workers_rows(const struct rtab *rt)
+{
+    return rt->n_workers;
+}
+
+/* The first worker whose id is above after->worker_id. */
+static uint32_t workers_resume(const struct rtab *rt, const struct kvi_slots_pos *after)
+{
+    bool found;
+    uint32_t w = rtab_worker_pos(rt, after->worker_id, &found);
+    return w + (found ? 1u : 0u);
+}
+
+static void workers_row(const struct strk *t, const struct rtab *rt, uint32_t w, void *out, size_t k)
+{
+    const struct sworker *x = &rt->workers[w];
+    ((struct kvi_slots_worker *)out)[k] = (struct kvi_slots_worker){
+        t->model, t->model_len, t->tenant, t->tenant_len, x->worker_id, t->block_size, x->dp_start,
+        x->dp_size};
+}
+
+static const struct listing workers_listing = {workers_rows, workers_resume, workers_row};
+
+size_t kvi_slots_workers(const struct kvi_slots *s, const struct kvi_slots_key *filter,
+                         struct kvi_slots_worker *out, size_t cap)
+{
+    return list_walk(s, &workers_listing, filter, NULL, out, cap, true);
+}
+
+size_t kvi_slots_workers_page(const struct kvi_slots *s, const struct kvi_slots_key *filter,
+                              const struct kvi_slots_pos *after, struct kvi_slots_worker *out,
+                              size_t cap)
+{
+    return list_walk(s, &workers_listing, filter, after, out, cap, false);
 }
 
 static void read_rank(const struct srank *r, uint64_t *blocks, uint64_t *prefill,
@@ -1290,9 +1350,32 @@ static void read_rank(const struct srank *r, uint64_t *blocks, uint64_t *prefill
     *requests = atomic_load_explicit(&r->requests, memory_order_relaxed);
 }
 
-/* One /loads row: rank r of tracker t (relaxed loads, as read_rank). Reader. */
-static void load_row(const struct strk *t, const struct srank *r, struct kvi_slots_load *o)
+static uint32_t loads_rows(const struct rtab *rt)
 {
+    return rt->n_ranks;
+}
+
+/* The first rank that sorts after (after->worker_id, after->dp_rank). */
+static uint32_t loads_resume(const struct rtab *rt, const struct kvi_slots_pos *after)
+{
+    uint32_t lo = 0, hi = rt->n_ranks;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        const struct srank *r = rt->ranks[mid];
+        if (r->worker_id < after->worker_id ||
+            (r->worker_id == after->worker_id && r->dp_rank <= after->dp_rank))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* One /loads row: rank @p j of tracker t (relaxed loads, as read_rank). */
+static void loads_row(const struct strk *t, const struct rtab *rt, uint32_t j, void *out, size_t k)
+{
+    const struct srank *r = rt->ranks[j];
+    struct kvi_slots_load *o = &((struct kvi_slots_load *)out)[k];
     o->model = t->model;
     o->model_len = t->model_len;
     o->tenant = t->tenant;
@@ -1302,67 +1385,19 @@ static void load_row(const struct strk *t, const struct srank *r, struct kvi_slo
     read_rank(r, &o->active_decode_blocks, &o->active_prefill_tokens, &o->active_requests);
 }
 
+static const struct listing loads_listing = {loads_rows, loads_resume, loads_row};
+
 size_t kvi_slots_loads(const struct kvi_slots *s, const struct kvi_slots_key *filter,
                        struct kvi_slots_load *out, size_t cap)
 {
-    const struct ttab *tt = kvi_rcu_deref(((struct kvi_slots *)s)->trackers);
-    size_t k = 0;
-    for (uint32_t i = 0; i < tt->n; i++) {
-        struct strk *t = tt->t[i];
-        if (!trk_matches(t, filter))
-            continue;
-        const struct rtab *rt = kvi_rcu_deref(t->ranks);
-        for (uint32_t j = 0; j < rt->n_ranks; j++, k++) {
-            if (k >= cap)
-                continue;
-            load_row(t, rt->ranks[j], &out[k]);
-        }
-    }
-    return k;
-}
-
-/* The first tracker position whose key is >= @p k. */
-static uint32_t ttab_lower(const struct ttab *tt, const struct kvi_slots_key *k)
-{
-    bool found;
-    return ttab_pos(tt, k, &found);
-}
-
-/* The first rank position that sorts after (worker_id, dp_rank). */
-static uint32_t rtab_upper(const struct rtab *rt, uint64_t worker_id, uint32_t dp_rank)
-{
-    uint32_t lo = 0, hi = rt->n_ranks;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        const struct srank *r = rt->ranks[mid];
-        if (r->worker_id < worker_id || (r->worker_id == worker_id && r->dp_rank <= dp_rank))
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return list_walk(s, &loads_listing, filter, NULL, out, cap, true);
 }
 
 size_t kvi_slots_loads_page(const struct kvi_slots *s, const struct kvi_slots_key *filter,
-                            const struct kvi_slots_load_pos *after, struct kvi_slots_load *out,
+                            const struct kvi_slots_pos *after, struct kvi_slots_load *out,
                             size_t cap)
 {
-    const struct ttab *tt = kvi_rcu_deref(((struct kvi_slots *)s)->trackers);
-    size_t k = 0;
-    uint32_t i = after != NULL ? ttab_lower(tt, &after->key) : 0;
-    for (; i < tt->n && k < cap; i++) {
-        struct strk *t = tt->t[i];
-        if (!trk_matches(t, filter))
-            continue;
-        const struct rtab *rt = kvi_rcu_deref(t->ranks);
-        uint32_t j = 0;
-        if (after != NULL && trk_cmp_key(t, &after->key) == 0)
-            j = rtab_upper(rt, after->worker_id, after->dp_rank);
-        for (; j < rt->n_ranks && k < cap; j++, k++) {
-            load_row(t, rt->ranks[j], &out[k]);
-        }
-    }
-    return k;
+    return list_walk(s, &loads_listing, filter, after, out, cap, false);
 }
 
 static struct strk *find_reader(const struct kvi_slots *s, const struct kvi_slots_key *key)

@@ -94,8 +94,9 @@
  *   | prefill_complete, free, expire,        | read-side section (internally     |
  *   | apply_replica                          | serialised; may wait for a grace  |
  *   |                                        | period)                           |
- *   | workers, loads, potential_loads,       | registered RCU readers inside a   |
- *   | tracker_info                           | read-side section; wait-free;     |
+ *   | workers, loads, workers_page,          | registered RCU readers inside a   |
+ *   | loads_page, potential_loads,           | read-side section; wait-free;     |
+ *   | tracker_info                           |                                   |
  *   |                                        | returned strings valid until the  |
  *   |                                        | section ends                      |
  *   | stats                                  | any thread (relaxed counters)     |
@@ -412,25 +413,53 @@ size_t kvi_slots_workers(const struct kvi_slots *s, const struct kvi_slots_key *
 size_t kvi_slots_loads(const struct kvi_slots *s, const struct kvi_slots_key *filter,
                        struct kvi_slots_load *out, size_t cap);
 
-/** Where a /loads page starts: after this rank (strings not NUL-terminated). */
-struct kvi_slots_load_pos {
+/*
+ * Paging (GET /workers and GET /loads answer one page at a time): a listing
+ * is cut after any entry and resumed after it by naming that entry, its
+ * *position*, not by an offset. Both listings share one walk: the trackers
+ * from the position's (model, tenant) on, then inside the position's own
+ * tracker the entries that sort after it. A position, not a snapshot: a
+ * writer may change the set between pages; entries that are unchanged
+ * between two pages are neither repeated nor skipped, an entry registered
+ * behind the position is not seen and one removed is not repeated. The
+ * position need not exist any more (its tracker or worker may be gone): the
+ * walk resumes at the place it would sort.
+ */
+
+/** A position in a listing: the last entry a page returned. Strings are not
+ *  NUL-terminated and are only read during the call. */
+struct kvi_slots_pos {
     struct kvi_slots_key key; /* model and tenant, both non-NULL (may be empty) */
     uint64_t worker_id;
-    uint32_t dp_rank;
+    uint32_t dp_rank;         /* /loads only; ignored by kvi_slots_workers_page */
 };
 
 /**
+ * GET /workers, one page: as kvi_slots_workers, but only the workers that
+ * sort after the worker (after->key, after->worker_id) (NULL: from the
+ * first), at most @p cap of them (Paging, above). Costs O(log(trackers) +
+ * log(workers) + cap) plus one step per tracker skipped by the filter. Call
+ * inside an RCU read-side section; the strings written are valid until it
+ * ends. Never fails.
+ * @return the number written (<= @p cap); ask for one more than the page to
+ *         learn whether another page follows.
+ */
+size_t kvi_slots_workers_page(const struct kvi_slots *s, const struct kvi_slots_key *filter,
+                              const struct kvi_slots_pos *after, struct kvi_slots_worker *out,
+                              size_t cap);
+
+/**
  * GET /loads, one page: as kvi_slots_loads, but only the ranks that sort
- * after @p after (NULL: from the first), at most @p cap of them. Costs
- * O(log(trackers) + log(ranks) + cap) plus one step per tracker skipped by
- * the filter. Call inside an RCU read-side section; a writer may change the
- * set between pages (a position, not a snapshot: a rank registered behind
- * the cursor is not seen, one removed is not repeated).
+ * after the rank (after->key, after->worker_id, after->dp_rank) (NULL: from
+ * the first), at most @p cap of them (Paging, above). Costs O(log(trackers)
+ * + log(ranks) + cap) plus one step per tracker skipped by the filter. Call
+ * inside an RCU read-side section; the strings written are valid until it
+ * ends. Never fails.
  * @return the number written (<= @p cap); ask for one more than the page to
  *         learn whether another page follows.
  */
 size_t kvi_slots_loads_page(const struct kvi_slots *s, const struct kvi_slots_key *filter,
-                            const struct kvi_slots_load_pos *after, struct kvi_slots_load *out,
+                            const struct kvi_slots_pos *after, struct kvi_slots_load *out,
                             size_t cap);
 
 /**

@@ -421,13 +421,20 @@ static size_t count_of(const char *body, const char *needle)
     return n;
 }
 
-/* Follow the cursors of `base` (a path with a query string, possibly "?"), checking each answer's size;
- * @return the ranks seen; every page but the last holds `page` ranks. */
-static size_t walk_pages(const struct kfx_daemon *sv, const char *base, size_t page, size_t *pages)
+/* Follow the cursors of `base` (a /loads or /workers path with a query string, possibly "?", and no cursor),
+ * from the first page or, with `from`, from that cursor on, checking each answer's size; @return the entries
+ * (ranks or workers) seen; every page but the last holds `page` of them. `bodies`: NULL, or receives every
+ * page's body, concatenated (malloc'd; the caller frees it). */
+static size_t walk_pages_of(const struct kfx_daemon *sv, const char *base, const char *from, size_t page,
+                            size_t *pages, char **bodies)
 {
     char path[1024], cursor[512] = "";
-    size_t total = 0;
+    snprintf(cursor, sizeof cursor, "%s", from != NULL ? from : "");
+    const char *entry = strncmp(base, "/workers", 8) == 0 ? "\"dp_start\":" : "\"dp_rank\":";
+    size_t total = 0, blen = 0;
     *pages = 0;
+    if (bodies != NULL)
+        *bodies = calloc(1, 1);
     for (;;) {
         struct kfx_resp r;
         if (cursor[0] == '\0')
@@ -435,7 +442,13 @@ static size_t walk_pages(const struct kfx_daemon *sv, const char *base, size_t p
         else
             snprintf(path, sizeof path, "%s%scursor=%s", base, strchr(base, '?') ? "&" : "?", cursor);
         assert_int_equal(get_page(sv, path, &r, cursor, sizeof cursor), 200);
-        size_t n = count_of(r.body, "\"dp_rank\":");
+        size_t n = count_of(r.body, entry);
+        if (bodies != NULL) {
+            size_t l = strlen(r.body);
+            *bodies = realloc(*bodies, blen + l + 1);
+            memcpy(*bodies + blen, r.body, l + 1);
+            blen += l;
+        }
         kfx_resp_free(&r);
         total += n;
         (*pages)++;
@@ -444,6 +457,11 @@ static size_t walk_pages(const struct kfx_daemon *sv, const char *base, size_t p
         assert_int_equal(n, page); /* only the last page is short */
         assert_true(*pages < 10000);
     }
+}
+
+static size_t walk_pages(const struct kfx_daemon *sv, const char *base, size_t page, size_t *pages)
+{
+    return walk_pages_of(sv, base, NULL, page, pages, NULL);
 }
 
 /* The defaults: 1,024 models, dp_size 1,024, 16,384 ranks per /loads answer. */
@@ -566,6 +584,115 @@ static void test_limits_flags_and_paging(void **state)
     unlink(d.logfile);
 }
 
+/* Issue 18, /workers: a worker as its answer spells it (the prefix up to block_size). */
+static void worker_entry(char *out, size_t cap, uint64_t w, const char *model, const char *tenant)
+{
+    snprintf(out, cap, "{\"worker_id\":%llu,\"model_name\":\"%s\",\"tenant_id\":\"%s\",\"block_size\":",
+             (unsigned long long)w, model, tenant);
+}
+
+/* GET /workers pages like /loads (the same --slot-loads-page bound, ?limit=, ?cursor= and header): every
+ * worker exactly once, no header on the last page, cursors that survive writes between pages, 400s. */
+static void test_workers_paging(void **state)
+{
+    (void)state;
+    struct kfx_daemon d, sv;
+    const char *extra[] = {"--slot-loads-page", "5", NULL};
+    kfx_start_slots(&d, &sv, extra, NULL);
+    /* a small deployment: one answer, no cursor, the reference's body */
+    reg(&sv, 1, "m0", NULL, 16, 0, 2, 201, OK);
+    struct kfx_resp r;
+    char cursor[512];
+    assert_int_equal(get_page(&sv, "/workers", &r, cursor, sizeof cursor), 200);
+    assert_string_equal(r.body, "[{\"worker_id\":1,\"model_name\":\"m0\",\"tenant_id\":\"default\",\"block_size\":16,"
+                                "\"dp_start\":0,\"dp_size\":2}]");
+    assert_string_equal(cursor, "");
+    kfx_resp_free(&r);
+    /* 23 workers over 6 trackers (3 models x 2 tenants), ids out of order */
+    static const char *const models[] = {"m0", "m1", "m2"}, *const tenants[] = {"default", "t"};
+    enum { N = 23 };
+    uint64_t ids[N];
+    for (unsigned i = 0; i < N; i++) {
+        ids[i] = i == 0 ? 1 : 1000 - i * 37;
+        if (i > 0)
+            reg(&sv, ids[i], models[i % 3], tenants[i % 2], 16, i, 1 + i % 3, 201, OK);
+    }
+    /* i == 0 is worker 1 of (m0, default), registered above */
+    size_t pages;
+    char *all = NULL, e[256];
+    const char *bases[] = {"/workers", "/workers?limit=100", "/workers?limit=3", "/workers?limit=1"};
+    const size_t sizes[] = {5, 5, 3, 1}, n_pages[] = {5, 5, 8, 23};
+    for (size_t b = 0; b < 4; b++) {
+        assert_int_equal(walk_pages_of(&sv, bases[b], NULL, sizes[b], &pages, &all), N);
+        assert_int_equal(pages, n_pages[b]);
+        for (unsigned i = 0; i < N; i++) { /* every worker exactly once */
+            worker_entry(e, sizeof e, ids[i], models[i % 3], tenants[i % 2]);
+            assert_int_equal(count_of(all, e), 1);
+        }
+        free(all);
+    }
+    /* filters page too: (m1, *) holds the 8 workers with i % 3 == 1; (*, t) the 11 with i odd */
+    assert_int_equal(walk_pages(&sv, "/workers?model_name=m1", 5, &pages), 8);
+    assert_int_equal(pages, 2);
+    assert_int_equal(walk_pages(&sv, "/workers?tenant_id=t&limit=4", 4, &pages), 11);
+    assert_int_equal(pages, 3);
+    assert_int_equal(walk_pages(&sv, "/workers?model_name=m2&tenant_id=default&limit=2", 2, &pages), 4);
+    assert_int_equal(pages, 2);
+    /* the first page, and the second one resuming exactly after it: (m0, default) holds 1, 334, 556, 778 */
+    assert_int_equal(get_page(&sv, "/workers?limit=2", &r, cursor, sizeof cursor), 200);
+    assert_string_equal(r.body, "[{\"worker_id\":1,\"model_name\":\"m0\",\"tenant_id\":\"default\",\"block_size\":16,"
+                                "\"dp_start\":0,\"dp_size\":2},"
+                                "{\"worker_id\":334,\"model_name\":\"m0\",\"tenant_id\":\"default\",\"block_size\":16,"
+                                "\"dp_start\":18,\"dp_size\":1}]");
+    assert_string_equal(cursor, "6d30.64656661756c74.334");
+    kfx_resp_free(&r);
+    assert_int_equal(get_page(&sv, "/workers?limit=1&cursor=6d30.64656661756c74.334", &r, cursor, sizeof cursor),
+                     200);
+    assert_string_equal(r.body, "[{\"worker_id\":556,\"model_name\":\"m0\",\"tenant_id\":\"default\",\"block_size\":16,"
+                                "\"dp_start\":12,\"dp_size\":1}]");
+    assert_string_equal(cursor, "6d30.64656661756c74.556");
+    kfx_resp_free(&r);
+    /* writes between pages: the cursor's own worker (556) and one ahead of it (778) removed, one registered
+     * behind (2) and one ahead (999); every other worker after the cursor is listed exactly once */
+    kfx_expect(&sv, "/unregister", "{\"worker_id\":556,\"model_name\":\"m0\"}", 200, OK);
+    kfx_expect(&sv, "/unregister", "{\"worker_id\":778,\"model_name\":\"m0\"}", 200, OK);
+    reg(&sv, 2, "m0", NULL, 16, 0, 1, 201, OK);
+    reg(&sv, 999, "m0", NULL, 16, 0, 1, 201, OK);
+    assert_int_equal(walk_pages_of(&sv, "/workers", "6d30.64656661756c74.556", 5, &pages, &all), 1 + 19);
+    assert_int_equal(pages, 4);
+    worker_entry(e, sizeof e, 999, "m0", "default");
+    assert_int_equal(count_of(all, e), 1);
+    worker_entry(e, sizeof e, 2, "m0", "default");
+    assert_int_equal(count_of(all, e), 0);
+    for (unsigned i = 0; i < N; i++) { /* (m0, default)'s were before the cursor or removed */
+        worker_entry(e, sizeof e, ids[i], models[i % 3], tenants[i % 2]);
+        assert_int_equal(count_of(all, e), i % 6 == 0 ? 0 : 1);
+    }
+    free(all);
+    /* the last page carries no cursor; a cursor past the end answers [] */
+    assert_int_equal(get_page(&sv, "/workers?cursor=6d39.00.0", &r, cursor, sizeof cursor), 200);
+    assert_string_equal(r.body, "[]");
+    assert_string_equal(cursor, "");
+    kfx_resp_free(&r);
+    assert_true(kfx_metric(&sv, "kvidx_slots_workers_paged_total") > 0);
+    /* errors: the same 400s as /loads; a /loads cursor is not a /workers cursor */
+    kfx_expect_get(&sv, "/workers?limit=0", 400,
+                   "{\"error\":\"invalid query parameter limit: expected an integer >= 1\"}");
+    kfx_expect_get(&sv, "/workers?limit=x", 400,
+                   "{\"error\":\"invalid query parameter limit: expected an integer >= 1\"}");
+    const char *bad_cursor = "{\"error\":\"invalid query parameter cursor: expected the X-Kvidx-Next-Cursor value "
+                             "of a previous /workers answer\"}";
+    kfx_expect_get(&sv, "/workers?cursor=zz", 400, bad_cursor);
+    kfx_expect_get(&sv, "/workers?cursor=6d3.00.1", 400, bad_cursor);
+    kfx_expect_get(&sv, "/workers?cursor=6d30.00", 400, bad_cursor);
+    kfx_expect_get(&sv, "/workers?cursor=6d30.00.18446744073709551616", 400, bad_cursor);
+    kfx_expect_get(&sv, "/workers?cursor=6d30.64656661756c74.1.1", 400, bad_cursor);
+    kfx_expect_get(&sv, "/loads?cursor=6d30.64656661756c74.1", 400,
+                   "{\"error\":\"invalid query parameter cursor: expected the X-Kvidx-Next-Cursor value "
+                   "of a previous /loads answer\"}");
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -578,6 +705,7 @@ int main(void)
         cmocka_unit_test_teardown(test_slot_port_switch, teardown),
         cmocka_unit_test_teardown(test_limits_defaults, teardown),
         cmocka_unit_test_teardown(test_limits_flags_and_paging, teardown),
+        cmocka_unit_test_teardown(test_workers_paging, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

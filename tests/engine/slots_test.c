@@ -1080,7 +1080,7 @@ static void test_loads_page(void **state)
         size_t n = kvi_slots_loads(s, f, all, 32);
         assert_true(n <= 32);
         for (size_t cap = 1; cap <= n + 1; cap++) {
-            struct kvi_slots_load_pos after;
+            struct kvi_slots_pos after;
             size_t got = 0, k;
             bool first = true;
             do {
@@ -1096,7 +1096,7 @@ static void test_loads_page(void **state)
                     assert_int_equal(page[i].dp_rank, all[got].dp_rank);
                 }
                 if (k > 0) {
-                    after = (struct kvi_slots_load_pos){{page[k - 1].model, page[k - 1].model_len,
+                    after = (struct kvi_slots_pos){{page[k - 1].model, page[k - 1].model_len,
                                                          page[k - 1].tenant, page[k - 1].tenant_len},
                                                         page[k - 1].worker_id, page[k - 1].dp_rank};
                     first = false;
@@ -1108,19 +1108,142 @@ static void test_loads_page(void **state)
     }
     /* a cursor naming a tracker or rank that no longer exists resumes after its place */
     struct kvi_slots_load page[32];
-    struct kvi_slots_load_pos gone = {K("b", "default"), 3, 0};
+    struct kvi_slots_pos gone = {K("b", "default"), 3, 0};
     kvi_rcu_read_lock();
     size_t k = kvi_slots_loads_page(s, NULL, &gone, page, 32);
     kvi_rcu_read_unlock();
     assert_int_equal(k, 3 + 4); /* b's worker 9, then c */
     assert_int_equal(page[0].worker_id, 9);
     assert_int_equal(page[0].dp_rank, 0);
-    gone = (struct kvi_slots_load_pos){K("bb", "x"), 0, 0};
+    gone = (struct kvi_slots_pos){K("bb", "x"), 0, 0};
     kvi_rcu_read_lock();
     k = kvi_slots_loads_page(s, NULL, &gone, page, 32);
     kvi_rcu_read_unlock();
     assert_int_equal(k, 4);
     assert_memory_equal(page[0].model, "c", 1);
+}
+
+/* Issue 18, /workers: walking kvi_slots_workers_page with any page size from
+ * the start, resuming after the last entry, yields exactly kvi_slots_workers'
+ * listing, with and without filters; the position's dp_rank is ignored. */
+static void test_workers_page(void **state)
+{
+    struct kvi_slots *s = *state;
+    assert_int_equal(reg(s, "b", "default", 9, 16, 0, 3), 0);
+    assert_int_equal(reg(s, "b", "default", 2, 16, 5, 2), 0);
+    assert_int_equal(reg(s, "a", "t", 4, 32, 0, 1), 0);
+    assert_int_equal(reg(s, "a", "default", 4, 16, 0, 2), 0);
+    assert_int_equal(reg(s, "a", "default", 7, 16, 2, 1), 0);
+    assert_int_equal(reg(s, "c", "default", 1, 8, 0, 4), 0);
+    assert_int_equal(reg(s, "c", "default", UINT64_MAX, 8, 0, 1), 0); /* resuming after it must not wrap */
+    const struct kvi_slots_key filters[] = {{NULL, 0, NULL, 0}, K("b", NULL), K(NULL, "default"), K("zz", NULL),
+                                            K("a", "default")};
+    for (size_t fi = 0; fi < 5; fi++) {
+        const struct kvi_slots_key *f = fi == 0 ? NULL : &filters[fi];
+        struct kvi_slots_worker all[32], page[32];
+        kvi_rcu_read_lock();
+        size_t n = kvi_slots_workers(s, f, all, 32);
+        assert_true(n <= 32);
+        for (size_t cap = 1; cap <= n + 1; cap++) {
+            struct kvi_slots_pos after;
+            size_t got = 0, k;
+            bool first = true;
+            do {
+                k = kvi_slots_workers_page(s, f, first ? NULL : &after, page, cap);
+                assert_true(k <= cap);
+                for (size_t i = 0; i < k; i++, got++) {
+                    assert_true(got < n);
+                    assert_int_equal(page[i].model_len, all[got].model_len);
+                    assert_memory_equal(page[i].model, all[got].model, all[got].model_len);
+                    assert_int_equal(page[i].tenant_len, all[got].tenant_len);
+                    assert_memory_equal(page[i].tenant, all[got].tenant, all[got].tenant_len);
+                    assert_int_equal(page[i].worker_id, all[got].worker_id);
+                    assert_int_equal(page[i].block_size, all[got].block_size);
+                    assert_int_equal(page[i].dp_start, all[got].dp_start);
+                    assert_int_equal(page[i].dp_size, all[got].dp_size);
+                }
+                if (k > 0) {
+                    after = (struct kvi_slots_pos){{page[k - 1].model, page[k - 1].model_len, page[k - 1].tenant,
+                                                    page[k - 1].tenant_len},
+                                                   page[k - 1].worker_id, (uint32_t)(cap * 7919u)};
+                    first = false;
+                }
+            } while (k == cap);
+            assert_int_equal(got, n);
+        }
+        kvi_rcu_read_unlock();
+    }
+    /* a position naming a tracker or worker that no longer exists resumes after its place */
+    struct kvi_slots_worker page[32];
+    struct kvi_slots_pos gone = {K("b", "default"), 3, 0};
+    kvi_rcu_read_lock();
+    size_t k = kvi_slots_workers_page(s, NULL, &gone, page, 32);
+    assert_int_equal(k, 1 + 2); /* b's worker 9, then c's two */
+    assert_int_equal(page[0].worker_id, 9);
+    assert_int_equal(page[2].worker_id, UINT64_MAX);
+    gone = (struct kvi_slots_pos){K("bb", "x"), 0, 0};
+    k = kvi_slots_workers_page(s, NULL, &gone, page, 32);
+    assert_int_equal(k, 2);
+    assert_memory_equal(page[0].model, "c", 1);
+    assert_int_equal(page[0].worker_id, 1);
+    gone = (struct kvi_slots_pos){K("c", "default"), UINT64_MAX, 0}; /* the last worker: nothing follows */
+    assert_int_equal(kvi_slots_workers_page(s, NULL, &gone, page, 32), 0);
+    assert_int_equal(kvi_slots_workers_page(s, NULL, NULL, page, 0), 0);
+    kvi_rcu_read_unlock();
+}
+
+/* /workers pages across writes between them: a worker unchanged during the
+ * walk is listed exactly once; one registered behind the position is not seen,
+ * one registered ahead of it is; one removed (the position's own included) is
+ * not repeated and the walk resumes after its place. */
+static void test_workers_page_changes(void **state)
+{
+    struct kvi_slots *s = *state;
+    for (uint64_t w = 10; w <= 100; w += 10)
+        assert_int_equal(reg(s, "m", "default", w, 16, 0, 1), 0);
+    assert_int_equal(reg(s, "n", "default", 1, 16, 0, 1), 0);
+    struct kvi_slots_worker page[4];
+    struct kvi_slots_pos after;
+    uint64_t seen[64];
+    char seen_m[64];
+    size_t n_seen = 0, k;
+    bool first = true;
+    for (int round = 0;; round++) {
+        kvi_rcu_read_lock();
+        k = kvi_slots_workers_page(s, NULL, first ? NULL : &after, page, 3);
+        for (size_t i = 0; i < k; i++) {
+            assert_true(n_seen < 64);
+            seen_m[n_seen] = page[i].model[0];
+            seen[n_seen++] = page[i].worker_id;
+        }
+        char m = k > 0 ? page[k - 1].model[0] : 0;
+        if (k > 0)
+            after = (struct kvi_slots_pos){K(m == 'm' ? "m" : m == 'n' ? "n" : "z", "default"),
+                                           page[k - 1].worker_id, 0};
+        kvi_rcu_read_unlock();
+        first = false;
+        if (k < 3)
+            break;
+        if (round == 0) { /* after 10, 20, 30 */
+            assert_int_equal(reg(s, "m", "default", 5, 16, 0, 1), 0);   /* behind: not seen */
+            assert_int_equal(reg(s, "m", "default", 35, 16, 0, 1), 0);  /* ahead: seen */
+            assert_int_equal(reg(s, "a", "default", 1, 16, 0, 1), 0);   /* a tracker behind: not seen */
+            assert_int_equal(reg(s, "z", "default", 1, 16, 0, 1), 0);   /* a tracker ahead: seen */
+            assert_int_equal(kvi_slots_unregister(s, KP("m", "default"), 20, NULL), 0); /* seen already */
+            assert_int_equal(kvi_slots_unregister(s, KP("m", "default"), 50, NULL), 0); /* ahead: not seen */
+            assert_int_equal(kvi_slots_unregister(s, KP("m", "default"), 30, NULL), 0); /* the position */
+        } else if (round == 1) { /* after 35, 40, 60 */
+            assert_int_equal(kvi_slots_unregister(s, KP("m", "default"), 60, NULL), 0);
+            assert_int_equal(reg(s, "m", "default", 60, 16, 0, 2), 0); /* re-registered at the position */
+        }
+    }
+    const char exp_m[] = {'m', 'm', 'm', 'm', 'm', 'm', 'm', 'm', 'm', 'm', 'n', 'z'};
+    const uint64_t exp_w[] = {10, 20, 30, 35, 40, 60, 70, 80, 90, 100, 1, 1};
+    assert_int_equal(n_seen, sizeof(exp_w) / sizeof(exp_w[0]));
+    for (size_t i = 0; i < n_seen; i++) {
+        assert_int_equal(seen_m[i], exp_m[i]);
+        assert_int_equal(seen[i], exp_w[i]);
+    }
 }
 
 int main(void)
@@ -1144,6 +1267,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tracker_cap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dp_size_cap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loads_page, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_workers_page, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_workers_page_changes, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
