@@ -73,14 +73,17 @@ static int tcp_from(uint16_t port, const char *from)
     return fd;
 }
 
-/* One GET over HTTP/1.1 on @p fd (kept alive). @return the status, 0 when kvidxd closed first. */
+/* One GET over HTTP/1.1 on @p fd (kept alive). @return the status, 0 when kvidxd closed first (r->eof). */
 static int h1_get(int fd, const char *path, struct rh_raw *r)
 {
     char req[256];
     int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: kvidx\r\n\r\n", path);
     memset(r, 0, sizeof *r);
-    if (rh_send_all(fd, req, (size_t)n, KFX_WAIT_MS) != 0)
+    int rc = rh_send_all(fd, req, (size_t)n, KFX_WAIT_MS);
+    if (rc != 0) { /* EPIPE / ECONNRESET: kvidxd closed before the request went out */
+        r->eof = rc == -EPIPE || rc == -ECONNRESET;
         return 0;
+    }
     rh_raw_read(fd, r, KFX_WAIT_MS, rh_h1_complete);
     return rh_h1_complete(r) ? rh_h1_status(r) : 0;
 }
@@ -132,7 +135,7 @@ static size_t h2_reset_pairs(uint8_t *out, unsigned pairs, const char *path)
 struct attacker {
     uint16_t port;
     atomic_bool stop;
-    int rounds, goaways, connect_failures;
+    int rounds, closed, goaways, connect_failures;
 };
 
 /* A TCP connection to 127.0.0.1:@p port, or -1 (no assertion: for threads). */
@@ -166,6 +169,7 @@ static void *attack_main(void *arg)
         rh_raw_read(fd, &r, KFX_WAIT_MS, NULL);
         rh_h2_parse(&r, &seen);
         a->rounds++;
+        a->closed += r.eof;
         a->goaways += seen.goaway && seen.goaway_code == H2_ENHANCE_YOUR_CALM;
         rh_raw_free(&r);
         close(fd);
@@ -205,7 +209,9 @@ static void test_rapid_reset(void **state)
     /* Past it: GOAWAY ENHANCE_YOUR_CALM and the close, at most the budget's handlers run. */
     long long runs0 = metric0(&d, WORKERS_GETS);
     fd = rh_tcp_open(d.port, 0);
-    len = h2_reset_pairs(buf, RESETS + 50, "/workers");
+    /* 30 past the budget: room for a slow run's refill (10 a second), and little input left unread
+     * when kvidxd closes (a close with unread input is a reset, which may cost the GOAWAY) */
+    len = h2_reset_pairs(buf, RESETS + 30, "/workers");
     int64_t t0 = kfx_now_ms();
     int rc = rh_send_all(fd, buf, len, KFX_WAIT_MS);
     assert_true(rc == 0 || rc == -EPIPE || rc == -ECONNRESET);
@@ -213,7 +219,7 @@ static void test_rapid_reset(void **state)
     int64_t took = kfx_now_ms() - t0;
     rh_h2_parse(&r, &seen);
     if (!r.eof || !seen.goaway || seen.goaway_code != H2_ENHANCE_YOUR_CALM)
-        fail_msg("%d resets (limit %d): closed %d, GOAWAY %d code %u", RESETS + 50, RESETS, r.eof, seen.goaway,
+        fail_msg("%d resets (limit %d): closed %d, GOAWAY %d code %u", RESETS + 30, RESETS, r.eof, seen.goaway,
                  seen.goaway_code);
     rh_raw_free(&r);
     close(fd);
@@ -223,7 +229,7 @@ static void test_rapid_reset(void **state)
     if (runs < 1 || runs > most)
         fail_msg("%lld /workers handlers ran for the attack (at most %lld)", runs, most);
     assert_true(rh_metric(&d, "kvidx_http_h2_reset_floods_total") >= 1);
-    assert_true(rh_metric(&d, "kvidx_http_h2_stream_resets_total") >= RESETS + RESETS / 2);
+    assert_true(rh_metric(&d, "kvidx_http_h2_stream_resets_total") >= RESETS + RESETS / 2 + 1);
     assert_true(kfx_log_has(&d, "GOAWAY (ENHANCE_YOUR_CALM)", "--h2-max-resets", KFX_WAIT_MS));
 
     /* Repeated attacks from one client; another client's queries answer meanwhile. */
@@ -239,8 +245,10 @@ static void test_rapid_reset(void **state)
     }
     atomic_store(&a.stop, true);
     pthread_join(t, NULL);
+    /* every round closed by kvidxd; its GOAWAY may be lost to the reset of a close with unread input */
     assert_true(a.rounds >= 1);
-    assert_int_equal(a.goaways, a.rounds);
+    assert_int_equal(a.closed, a.rounds);
+    assert_true(a.goaways >= 1);
     assert_int_equal(a.connect_failures, 0);
     free(buf);
     kfx_stop(&d, SIGTERM, NULL);
