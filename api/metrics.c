@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api/recovery.h"
 #include "engine/rcu.h"
 #include "net/listener.h"
 

@@ -17,9 +17,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/codec_dump.h"
+#include "api/service.h"
 #include "engine/common.h"
+#include "engine/namespace.h"
+#include "engine/writer.h"
 #include "net/http_client.h"
 #include "net/log.h"
+
+const char *kvi_recovery_result_name(enum kvi_recovery_result r)
+{
+    switch (r) {
+    case KVI_RECOVERY_SUCCEEDED: return "succeeded";
+    case KVI_RECOVERY_NO_REACHABLE_PEERS: return "no_reachable_peers";
+    case KVI_RECOVERY_FAILED: return "failed";
+    default: return NULL;
+    }
+}
 
 /* What one attempt touched, for its rollback. */
 struct touched_ns {

@@ -26,7 +26,13 @@
  * Listeners stay gated (pending) the whole time, so nothing live is applied
  * meanwhile and a rollback cannot erase live state.
  *
- * THREAD: the service's control thread only (it owns the producer used).
+ * Recovery owns its outcome and figures (below). It uses the service only
+ * through the control thread's calls of api/service.h (kvi_service_ctl_*);
+ * the service runs it and keeps its result, so this header needs no service
+ * definition, and whoever reads recovery's figures includes it.
+ *
+ * THREAD: kvi_recovery_run, the service's control thread only (it owns the
+ * producer used); the other calls, any thread.
  */
 #ifndef KVI_API_RECOVERY_H
 #define KVI_API_RECOVERY_H
@@ -34,7 +40,33 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "api/service.h"
+struct kvi_service;
+
+/** P2P recovery outcome (/status "recovery"). */
+enum kvi_recovery_result {
+    KVI_RECOVERY_NONE = 0,        /* not finished (or not configured) */
+    KVI_RECOVERY_SUCCEEDED,
+    KVI_RECOVERY_NO_REACHABLE_PEERS,
+    KVI_RECOVERY_FAILED,
+};
+
+/** "succeeded", "no_reachable_peers", "failed"; NULL for NONE (static strings). Any thread. */
+const char *kvi_recovery_result_name(enum kvi_recovery_result r);
+
+/** Recovery figures for /metrics. */
+struct kvi_recovery_stats {
+    uint64_t attempts;     /* peer fetches started */
+    uint64_t blocks;       /* blocks applied by the successful attempt */
+    uint64_t rejected;     /* blocks the index rejected (unknown parent, invalid) */
+    uint64_t duration_ms;  /* of the whole recovery */
+};
+
+/**
+ * The figures of the startup recovery, as the service keeps them (defined in
+ * api/service.c): all zero until it has finished, and when no peer is
+ * configured. Any thread (takes the service's table mutex briefly).
+ */
+void kvi_service_recovery_stats(struct kvi_service *svc, struct kvi_recovery_stats *out);
 
 /**
  * Run P2P recovery (control thread).

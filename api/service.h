@@ -59,6 +59,15 @@
  *   streams are cut, so a dump's sink fails at once), kvi_service_stop (the
  *   control thread completes what is queued with 503; dump threads finish
  *   or fail what is queued and exit), kvi_service_destroy.
+ *   Recovery (api/recovery.h) is a client of this module: the control thread
+ *   runs kvi_recovery_run at startup, which works through the
+ *   kvi_service_ctl_* calls below; its outcome, figures and their types are
+ *   declared there, not here.
+ *   Files: api/service.c ties the rest together (the object, the control
+ *   thread, start / stop, readiness, /dump, startup); api/service_dynamo.c,
+ *   service_conductor.c, service_ns.c and service_peers.c hold the tables
+ *   and their mutations, api/service_roster.c the published roster; what
+ *   they share is api/service_internal.h.
  *
  *   | call                                   | thread                          |
  *   |----------------------------------------|---------------------------------|
@@ -116,17 +125,6 @@ struct kvi_service_config {
      * refused (429), so clients cannot grow the index without bound; 0 = KVI_SVC_DEFAULT_MAX_MODELS */
     uint32_t max_models;
 };
-
-/** P2P recovery outcome (/status "recovery"). */
-enum kvi_recovery_result {
-    KVI_RECOVERY_NONE = 0,        /* not finished (or not configured) */
-    KVI_RECOVERY_SUCCEEDED,
-    KVI_RECOVERY_NO_REACHABLE_PEERS,
-    KVI_RECOVERY_FAILED,
-};
-
-/** "succeeded", "no_reachable_peers", "failed"; NULL for NONE. */
-const char *kvi_recovery_result_name(enum kvi_recovery_result r);
 
 struct kvi_service;
 
@@ -256,15 +254,6 @@ void kvi_service_counts(struct kvi_service *svc, struct kvi_service_counts *out)
 /** The pools, for /metrics (their stats calls are any-thread). */
 struct kvi_listeners *kvi_service_listeners(const struct kvi_service *svc);
 struct kvi_writer_pool *kvi_service_writers(const struct kvi_service *svc);
-
-/** Recovery figures for /metrics. */
-struct kvi_recovery_stats {
-    uint64_t attempts;     /* peer fetches started */
-    uint64_t blocks;       /* blocks applied by the successful attempt */
-    uint64_t rejected;     /* blocks the index rejected (unknown parent, invalid) */
-    uint64_t duration_ms;  /* of the whole recovery */
-};
-void kvi_service_recovery_stats(struct kvi_service *svc, struct kvi_recovery_stats *out);
 
 /* ---- /dump: dump threads -------------------------------------------------------------- */
 

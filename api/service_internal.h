@@ -1,0 +1,291 @@
+/*
+ * Internals shared by the service files; not used outside api/service*.c
+ * (everyone else includes api/service.h).
+ *
+ *   api/service.c            the service object: create / destroy, the control
+ *                            thread and its queue, start / stop, readiness and
+ *                            the counts, the /dump hand-off, the startup
+ *                            sequence
+ *   api/service_ns.c         namespace records (creation under --max-models,
+ *                            reference counts, deletion), the watermarks
+ *                            recovered for keys not registered yet, and what
+ *                            the registrations of both dialects share (removal
+ *                            ops, the listener set-up check)
+ *   api/service_dynamo.c     the Dynamo workers table: registrations,
+ *                            unregistrations, listener pause / resume, /workers
+ *   api/service_conductor.c  the Conductor services table: registrations,
+ *                            unregistrations, /services, /global_view
+ *   api/service_roster.c     the RCU-published query roster (Conductor
+ *                            contexts and the per-namespace Dynamo rosters
+ *                            they share), its lookups, and the deferred free
+ *                            of the ones replaced
+ *   api/service_peers.c      the peer list
+ *
+ * DESIGN: api/service.h. Threads: every function declared here runs on the
+ * control thread unless its comment says otherwise. The control thread is the
+ * only writer of the tables below (the peers aside), so it reads them without
+ * a lock and takes `mu` only to write them; other threads read them under
+ * `mu`. It calls them outside any RCU read section: some wait for a grace
+ * period (kvi_svc__ns_ref, kvi_svc__reclaim).
+ */
+#ifndef KVI_API_SERVICE_INTERNAL_H
+#define KVI_API_SERVICE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "api/codec.h"
+#include "api/recovery.h"
+#include "api/service.h"
+#include "engine/common.h"
+#include "engine/namespace.h"
+#include "engine/writer.h"
+#include "net/listener.h"
+
+/* ---- tables ------------------------------------------------------------------------------ */
+
+struct svc_rank {
+    uint32_t dp_rank;
+    char *endpoint;
+    char *replay; /* NULL when none */
+};
+
+/** A Dynamo instance: one (model, tenant), one listener per rank (api/service_dynamo.c). */
+struct svc_worker {
+    uint64_t id;
+    struct kvi_ns *ns;
+    uint32_t dense;
+    size_t n_ranks;
+    struct svc_rank *ranks; /* ascending by dp_rank */
+};
+
+/** A Conductor service key instance|tenant|rank and its registration (api/service_conductor.c). */
+struct svc_cond {
+    char *instance;
+    char *tenant;
+    uint32_t dp_rank;
+    char *model; /* as registered */
+    char *lora;
+    uint32_t block_size;
+    enum kvi_cond_type type;
+    char *endpoint;
+    char *replay; /* "" when none */
+    char *salt;
+    bool has_cache_group;
+    bool has_profile;
+    char *hp[5]; /* strategy, algorithm, python_hash_seed, root_digest, index_projection */
+    struct kvi_ns *ns;
+    uint32_t dense;
+};
+
+/** A namespace the service created (or recovered), with its registration count (api/service_ns.c). */
+struct svc_nsrec {
+    struct kvi_ns *ns;
+    uint32_t refs; /* Dynamo instances + Conductor keys registered under it */
+};
+
+/** The Conductor roster published to query threads (immutable; api/service_roster.c). The
+ * Dynamo rosters it points to are not its own: each is retired when a newer
+ * one replaces it. */
+struct cond_view {
+    size_t n;
+    struct kvi_svc_cond_ctx *ctx;
+};
+
+struct kvi_service {
+    /* configuration (owned copies) */
+    struct kvi_service_config cfg;
+    char *model_name;
+    char *tenant_id;
+    struct kvi_worker_spec *workers;
+    char **peers_cfg;
+
+    struct kvi_nsreg *nsreg;
+    struct kvi_writer_pool *writers;
+    struct kvi_listeners *listeners;
+    struct kvi_dump_pool *dumps; /* /dump threads */
+
+    /* control thread (api/service.c) */
+    pthread_t ctl;
+    bool ctl_started;
+    struct kvi_producer *prod; /* owned by the control thread */
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;
+    struct svc_cmd *qhead, *qtail;
+    bool ctl_quit;   /* under qmu: drain and exit */
+    bool ctl_closed; /* under qmu: no more posts */
+    _Atomic bool stopping;
+
+    /* tables, under mu (written by the control thread only, the peers aside) */
+    pthread_mutex_t mu;
+    struct svc_worker *w;            /* api/service_dynamo.c */
+    size_t n_w, cap_w;
+    struct svc_cond *c;              /* api/service_conductor.c */
+    size_t n_c, cap_c;
+    struct svc_nsrec *nsr;           /* api/service_ns.c */
+    size_t n_nsr, cap_nsr;
+    char **peers;                    /* api/service_peers.c: written by any thread under mu */
+    size_t n_peers, cap_peers;
+    struct cond_view *_Atomic cview; /* RCU-published (api/service_roster.c) */
+    struct dyn_roster **dyn;         /* control thread: the current Dynamo roster of each namespace */
+    size_t n_dyn, cap_dyn;
+    struct svc_retired *retired;     /* control thread: freed after a grace period (kvi_svc__reclaim) */
+    size_t n_retired, cap_retired;
+
+    /* watermarks recovered from a peer for keys not registered yet (control thread; api/service_ns.c) */
+    struct svc_rwm {
+        struct kvi_index *ix;
+        uint32_t dense;
+        uint32_t dp_rank;
+        uint64_t seq;
+    } *rwm;
+    size_t n_rwm, cap_rwm;
+
+    /* readiness (api/service.c) */
+    _Atomic bool recovery_running;
+    _Atomic int recovery_result;
+    _Atomic bool gate_open;
+    bool startup_registered;     /* control thread: svc_startup has registered every --workers entry */
+    _Atomic uint64_t registered; /* instances, for the min-initial-workers gate */
+    struct kvi_recovery_stats rstats; /* under mu */
+};
+
+/* ---- strings (any thread; out of memory aborts) -------------------------------------------- */
+
+static inline char *xstrndup(const char *p, size_t n)
+{
+    char *s = kvi_xmalloc(n + 1);
+    if (n > 0)
+        memcpy(s, p, n);
+    s[n] = '\0';
+    return s;
+}
+
+static inline char *xstrdup(const char *p)
+{
+    return xstrndup(p, strlen(p));
+}
+
+static inline char *sdup(struct kvi_str s)
+{
+    return xstrndup(s.p, s.len);
+}
+
+static inline struct kvi_str zstr(const char *s)
+{
+    return (struct kvi_str){s, strlen(s)};
+}
+
+/* Whether a name from a request holds a NUL byte: names are C strings from here on (sdup would cut them). */
+static inline bool has_nul(struct kvi_str s)
+{
+    return s.len > 0 && memchr(s.p, '\0', s.len) != NULL;
+}
+
+/* ---- readiness (api/service.c) --------------------------------------------------------------- */
+
+/** Recount the registered instances (Dynamo instances + distinct Conductor instances) into
+ * `registered`. Takes `mu`. */
+void kvi_svc__update_registered(struct kvi_service *svc);
+
+/** Open the listeners' gate once every --workers entry has been registered, recovery is over and
+ * enough instances are registered; no-op otherwise, or when it is open already. */
+void kvi_svc__maybe_open_gate(struct kvi_service *svc);
+
+/* ---- namespaces, recovered watermarks, shared registration steps (api/service_ns.c) --------- */
+
+/**
+ * Find or create (model, tenant) with block size @p bs (an existing namespace
+ * keeps its own); @p created is set when it is new. Writes its record under
+ * `mu` (refs 0: the caller takes a reference with kvi_svc__ns_ref).
+ * @return the namespace, or NULL with errno: ENOSPC when creating it would pass
+ *         --max-models (logged: the operator must see a client being refused,
+ *         or raise the flag), else the error of kvi_nsreg_add.
+ */
+struct kvi_ns *kvi_svc__ns_get(struct kvi_service *svc, const char *model, const char *tenant, uint32_t bs,
+                               bool *created);
+
+/**
+ * Add @p delta (+1 or -1) to the registrations under @p ns (it must have a
+ * record). At 0 after a decrement the namespace is deleted: its recovered
+ * watermarks and record go, it is unlinked (waits for a grace period), the
+ * writers forget it, and it is freed now or by the last /dump that pins it.
+ */
+void kvi_svc__ns_ref(struct kvi_service *svc, struct kvi_ns *ns, int delta);
+
+/** Drop the recovered watermarks of (@p ix, @p dense, @p rank); of any instance when @p all_inst, any
+ * rank when @p all_ranks. */
+void kvi_svc__rwm_drop(struct kvi_service *svc, const struct kvi_index *ix, uint32_t dense, bool all_inst,
+                       uint32_t rank, bool all_ranks);
+
+/** The recovered watermark of a key about to be registered, if any: sets @p spec's seed_watermark and
+ * watermark (the entry stays: the caller drops it once the listener is registered). */
+void kvi_svc__rwm_seed_spec(struct kvi_service *svc, struct kvi_listener_spec *spec, uint32_t dense);
+
+/**
+ * Submit a blockless op of @p type (KVI_OP_REMOVE_INSTANCE, KVI_OP_REMOVE_DP_RANK)
+ * for (@p ns, @p dense, @p rank) through the control thread's producer and
+ * flush it; the recovered watermarks of the blocks it removes are dropped.
+ */
+void kvi_svc__submit_op(struct kvi_service *svc, enum kvi_op_type type, struct kvi_ns *ns, uint32_t dense,
+                        uint32_t rank);
+
+/**
+ * Whether the listener just registered under @p key failed while its thread set
+ * it up (kvi_listeners_register waits for that): no socket at the descriptor
+ * limit (EMFILE), an endpoint ZMQ refuses at once (an ipc path too long). Such
+ * a listener never reads, so a registration must not answer success for it
+ * (issue 18 item 8): it is unregistered and its last_error copied to @p why
+ * (@p cap bytes, NUL-terminated). @return true when it failed.
+ */
+bool kvi_svc__listener_failed_at_once(struct kvi_service *svc, const struct kvi_listener_key *key, char *why,
+                                      size_t cap);
+
+/* ---- Dynamo workers (api/service_dynamo.c) ------------------------------------------------- */
+
+/** Free what @p w owns (its ranks), not @p w. Control thread, or destroy. */
+void kvi_svc__free_worker(struct svc_worker *w);
+
+/**
+ * Register rank @p rank of Dynamo instance @p id under (@p model, @p tenant,
+ * block size @p bs) at @p ep (and @p replay when @p has_replay): find or create
+ * the namespace, register the listener (seeded from a recovered watermark),
+ * add the table entry, publish the roster, update readiness.
+ * @param undo_failed  answer 503 and keep nothing when the listener fails at
+ *                     once (/register); false for --workers, whose failed
+ *                     listener stays listed (and resumable) as before
+ * @return 0, or -EINVAL with @p err filled as kvi_service_ctl_dyn_register
+ *         describes (errors of status 500 and up are logged); nothing is kept
+ *         on an error, and a namespace created for it is deleted again.
+ */
+int kvi_svc__dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str model, struct kvi_str tenant,
+                          uint32_t bs, uint32_t rank, struct kvi_str ep, struct kvi_str replay, bool has_replay,
+                          bool undo_failed, struct kvi_api_err *err);
+
+/* ---- Conductor services (api/service_conductor.c) ---------------------------------------------- */
+
+/** Free what @p c owns (its strings), not @p c. Control thread, or destroy. */
+void kvi_svc__free_cond(struct svc_cond *c);
+
+/* ---- the published roster (api/service_roster.c) ---------------------------------------------- */
+
+/** Free view @p v (NULL allowed) and what it owns (not the Dynamo rosters it points to). After a grace
+ * period (kvi_svc__reclaim), or in destroy with no reader left. */
+void kvi_svc__cond_view_free(struct cond_view *v);
+
+/** Build the Conductor roster from both tables, publish it and retire the old view. */
+void kvi_svc__cond_view_publish(struct kvi_service *svc);
+
+/** The Dynamo registrations of @p ns changed: rebuild its roster, publish a view that uses it, retire
+ * the old ones. */
+void kvi_svc__dyn_roster_update(struct kvi_service *svc, struct kvi_ns *ns);
+
+/** Wait for one grace period, then free what was retired; no wait when nothing was. Control thread
+ * (outside a read section), or destroy with no reader left. */
+void kvi_svc__reclaim(struct kvi_service *svc);
+
+#endif
