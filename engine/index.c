@@ -494,6 +494,7 @@ void kvi_index_stats(const struct kvi_index *ix, struct kvi_index_stats *st)
         SUM(removed_blocks);
         SUM(parent_not_found);
         SUM(parent_elsewhere);
+        SUM(seq_conflicts);
         SUM(unknown_removes);
         SUM(unknown_blocks);
         SUM(invalid_events);

@@ -180,6 +180,8 @@ struct kvi_index_stats {
     uint64_t parent_not_found; /* stores rejected: parent unknown (-ENOENT) */
     uint64_t parent_elsewhere; /* lower-tier seq-hash stores whose parent no slot of the
                                 * rank holds, placed by position instead */
+    uint64_t seq_conflicts;  /* stored blocks whose seq hash named no prefix while their content
+                              * chain named one at that depth: they join it, which keeps its seq hash */
     uint64_t unknown_removes;
     uint64_t unknown_blocks; /* token-less stores that resolved to nothing */
     uint64_t invalid_events;

@@ -229,6 +229,7 @@ struct kvi_part {
     _Atomic uint64_t removed_blocks;
     _Atomic uint64_t parent_not_found;
     _Atomic uint64_t parent_elsewhere; /* kvi_index_stats.parent_elsewhere */
+    _Atomic uint64_t seq_conflicts;    /* kvi_index_stats.seq_conflicts */
     _Atomic uint64_t unknown_removes;
     _Atomic uint64_t unknown_blocks;
     _Atomic uint64_t invalid_events;

@@ -451,6 +451,20 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         uint32_t idx = son ? tab_find_at_t(&fc, &p->stab, sq, st[i], pos)
                        : prev_new ? KVI_NONE
                                   : tab_find_at_t(&fc, &p->ktab, k, kt[i], pos);
+        if (idx == KVI_NONE && son && known && !(seq_only && i == 0)) {
+            /* The seq hash names no prefix, but the content chain (a real
+             * prefix key) may: a publisher whose seq hashes are not the
+             * standard ones of its tokens (two stores of one chain under two
+             * seq hashes). The key table keeps one entry per (key, depth), and
+             * content is what queries by tokens match, so the block joins
+             * that prefix, which keeps its first seq hash; counted. A second
+             * entry under the key made content queries reach only one of the
+             * two (fuzz_ingest, finding 9). */
+            struct tab_ctx kc = {ix, p, TAB_KEY, 0};
+            idx = tab_find_at_t(&kc, &p->ktab, k, kt[i], pos);
+            if (idx != KVI_NONE)
+                kvi_relaxed_add(&p->seq_conflicts, 1);
+        }
         if (idx == KVI_NONE) {
             bool stand_in = (seq_only && i == 0) || !known;
             idx = entry_new(ix, p, k, kt[i], sq, son ? st[i] : 0, content,

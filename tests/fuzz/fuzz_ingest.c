@@ -49,7 +49,7 @@
  *   - a dump of the index (kvi_producer_dump): as many blocks as
  *     stats.holdings, and each (instance, rank)'s gpu blocks =
  *     kvi_index_tree_size; kvi_index_check_tables on the index (left out
- *     with KVI_FUZZ_INGEST_SKIP_TABLES=1), writers parked.
+ *     only with KVI_FUZZ_INGEST_SKIP_TABLES=1), writers parked.
  * Everything is freed at exit (atexit), so -detect_leaks sees no leak.
  */
 #include <errno.h>
