@@ -262,6 +262,12 @@ int kvi_index_store(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, e
  * (> 0; the publisher's base_block_idx), as a run placed without a parent,
  * and counted in kvi_index_stats.parent_elsewhere. Without a parent, or with
  * one the rank holds, a run needs no position.
+ * A block with content whose seq hash names no prefix at its position while
+ * its content chain names one there (seq hashes that are not the standard
+ * ones of the tokens: one chain stored under two) joins that prefix, which
+ * keeps its first seq hash (one entry per position and content chain),
+ * counted in kvi_index_stats.seq_conflicts; a duplicate of that store is
+ * idempotent, as any other.
  * Single writer only.
  * @return 0, -ENOENT (unknown parent on the gpu tier, or on a lower tier with
  *         @p position 0), -EINVAL (position > 0 with no parent on the gpu tier,

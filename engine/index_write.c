@@ -240,12 +240,75 @@ static void store_fresh_tail(struct kvi_index *ix, struct kvi_part *p, struct kv
     kvi_relaxed_add(&p->stored_blocks, m);
 }
 
-/* Is entry idx the prefix whose key is k and seq hash sq? With a seq table
- * by seq hash (a prefix placed by seq alone has a stand-in key), without
- * one by key (then every key is real, and no seq hash is kept). Writer. */
-static inline bool same_prefix(const struct kvi_part *p, bool son, uint32_t idx, uint64_t k, uint64_t sq)
+/* Is block i of a run (at pos) found by its prefix key too, not by its seq
+ * hash alone? Its key is the content chain's unless it has a stand-in key:
+ * the first block of a run placed by seq alone, and a token-less block past
+ * position 0 (run_key). */
+static inline bool run_key_is_content(const struct run *r, bool seq_only, size_t i, uint32_t pos)
 {
-    return son ? *kvi__seqp(p, idx) == sq : kvi__entry(p, idx)->key == k;
+    return (r->b != NULL || pos == 0) && !(seq_only && i == 0);
+}
+
+/*
+ * The prefix a block of a store names, KVI_NONE if none yet (then it gets a
+ * new entry): its key is k (table tag kt), its seq hash sq (tag st), at
+ * depth pos. Writer.
+ * With a seq table the seq hash is a prefix's identity. When it names no
+ * prefix at pos and by_key (run_key_is_content), the prefix whose key is k
+ * at pos is the block's (*joined set): a publisher whose seq hashes are not
+ * the standard ones of its tokens stored one content chain under two seq
+ * hashes. The key table holds one entry per (key, depth), and content is
+ * what token queries match, so the block joins that prefix, which keeps its
+ * first seq hash. A second entry under the key left content queries
+ * reaching only one of the two (fuzz_ingest, finding 9).
+ * Without a seq table the prefix key names the prefix (by_key always holds:
+ * nothing is placed by seq alone).
+ * prev_new (the block's parent was created by this store) skips the key
+ * lookup: k is its parent's key stepped by its content, an entry keeps its
+ * parent while it lives, and the one entry with that parent key at pos - 1
+ * is the new parent, which has no children yet.
+ */
+static inline uint32_t prefix_find(const struct kvi_index *ix, const struct kvi_part *p, bool son, bool by_key,
+                                   bool prev_new, uint64_t k, uint32_t kt, uint64_t sq, uint32_t st, uint32_t pos,
+                                   bool *joined)
+{
+    uint32_t idx = KVI_NONE;
+    *joined = false;
+    if (son) {
+        struct tab_ctx sc = {ix, p, TAB_SEQ, 0};
+        /* (a key shared across depths names one entry per depth) */
+        idx = tab_find_at_t(&sc, &p->stab, sq, st, pos);
+    }
+    if (idx == KVI_NONE && by_key && !prev_new) {
+        struct tab_ctx kc = {ix, p, TAB_KEY, 0};
+        idx = tab_find_at_t(&kc, &p->ktab, k, kt, pos);
+        *joined = son && idx != KVI_NONE;
+    }
+    return idx;
+}
+
+/*
+ * Is entry idx the prefix a block of a store names (prefix_find), for a
+ * slot that holds idx under the block's engine hash? Its key is k, its seq
+ * hash sq (table tag st), its depth pos, by_key as for prefix_find. Writer.
+ * With a seq table by seq hash (a prefix placed by seq alone has a stand-in
+ * key), or, where the seq hash names no prefix at pos, by key at pos: the
+ * prefix the block joined. Without that second case a re-store of a block
+ * that joined a prefix by its content dropped the slot's holding of it and
+ * its descendants and placed it again (a duplicate store is idempotent).
+ * Without a seq table by key (then every key is real, and no seq hash is
+ * kept). The seq table is looked up only when the seq hashes differ.
+ */
+static inline bool same_prefix(const struct kvi_index *ix, const struct kvi_part *p, bool son, bool by_key,
+                               uint32_t idx, uint64_t k, uint64_t sq, uint32_t st, uint32_t pos)
+{
+    const struct kvi_entry *e = kvi__entry(p, idx);
+    if (!son)
+        return e->key == k;
+    if (*kvi__seqp(p, idx) == sq)
+        return true;
+    struct tab_ctx sc = {ix, p, TAB_SEQ, 0};
+    return by_key && e->key == k && e->pos == pos && tab_find_at_t(&sc, &p->stab, sq, st, pos) == KVI_NONE;
 }
 
 static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum kvi_tier tier, bool has_parent,
@@ -376,7 +439,9 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         have[i] = map_find_t(ix, p, s, eh_at(ehv, i), mt[i]);
         if (have[i] != KVI_NONE)
             have_end = i + 1;
-        if (prev != KVI_NONE && have[i] != KVI_NONE && !same_prefix(p, son, have[i], rk[i], rs[i])) {
+        if (prev != KVI_NONE && have[i] != KVI_NONE &&
+            !same_prefix(ix, p, son, run_key_is_content(r, seq_only, i, pos0 + (uint32_t)i), have[i], rk[i], rs[i],
+                         son ? st[i] : 0, pos0 + (uint32_t)i)) {
             uint32_t hv = have[i];
             /* would the cascade from `have` reach the run's parent? it follows
              * links between blocks this slot holds (not positional roots) */
@@ -400,9 +465,10 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
      * drops a name: from then on a hit is re-checked (an entry freed meanwhile
      * is not recycled before the next reclaim, and names no member) */
     bool stale = false;
-    /* prev was created by this store: without a seq table (so no prefix
-     * placed by seq alone), its children can only be the ones this store
-     * adds, and the key lookup of the next block would miss */
+    /* prev was created by this store: no entry has a key chained from its
+     * key yet, so the key lookup of the next block would miss (prefix_find;
+     * with a seq table a prefix placed by seq alone may still be its child,
+     * found by seq hash) */
     bool prev_new = false;
     for (size_t i = 0; i < n; i++) {
         uint32_t pos = pos0 + (uint32_t)i;
@@ -415,6 +481,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
                 tab_prefetch_t(&p->stab, st[i + PF_DIST]);
         }
 
+        bool by_key = run_key_is_content(r, seq_only, i, pos);
         uint32_t hv = have[i];
         if (hv != KVI_NONE && stale) {
             bool f;
@@ -423,7 +490,7 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         }
         if (hv != KVI_NONE) {
             struct kvi_entry *he = kvi__entry(p, hv);
-            if (same_prefix(p, son, hv, k, sq) && he->pos == pos) {
+            if (same_prefix(ix, p, son, by_key, hv, k, sq, son ? st[i] : 0, pos) && he->pos == pos) {
                 prev = hv; /* idempotent re-store */
                 parent_in_slot = true;
                 prev_new = false;
@@ -446,25 +513,10 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
          * placed by seq alone, and the prefix key identifies it as well. */
         bool known = r->b != NULL || pos == 0; /* content known */
         uint64_t content = r->b != NULL ? r->b[i].content_hash : pos == 0 ? sq : 0;
-        struct tab_ctx fc = {ix, p, son ? TAB_SEQ : TAB_KEY, 0};
-        /* (a key shared across depths names one entry per depth) */
-        uint32_t idx = son ? tab_find_at_t(&fc, &p->stab, sq, st[i], pos)
-                       : prev_new ? KVI_NONE
-                                  : tab_find_at_t(&fc, &p->ktab, k, kt[i], pos);
-        if (idx == KVI_NONE && son && known && !(seq_only && i == 0)) {
-            /* The seq hash names no prefix, but the content chain (a real
-             * prefix key) may: a publisher whose seq hashes are not the
-             * standard ones of its tokens (two stores of one chain under two
-             * seq hashes). The key table keeps one entry per (key, depth), and
-             * content is what queries by tokens match, so the block joins
-             * that prefix, which keeps its first seq hash; counted. A second
-             * entry under the key made content queries reach only one of the
-             * two (fuzz_ingest, finding 9). */
-            struct tab_ctx kc = {ix, p, TAB_KEY, 0};
-            idx = tab_find_at_t(&kc, &p->ktab, k, kt[i], pos);
-            if (idx != KVI_NONE)
-                kvi_relaxed_add(&p->seq_conflicts, 1);
-        }
+        bool joined;
+        uint32_t idx = prefix_find(ix, p, son, by_key, prev_new, k, kt[i], sq, son ? st[i] : 0, pos, &joined);
+        if (joined)
+            kvi_relaxed_add(&p->seq_conflicts, 1);
         if (idx == KVI_NONE) {
             bool stand_in = (seq_only && i == 0) || !known;
             idx = entry_new(ix, p, k, kt[i], sq, son ? st[i] : 0, content,

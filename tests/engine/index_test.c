@@ -2848,6 +2848,60 @@ static void test_seq_hashes_disagree_with_content(void **state)
     kvi_index_destroy(ix);
 }
 
+/*
+ * A block that joined a prefix by its content (seq hash 71 where the prefix
+ * has 103, as above) is re-stored: the same event twice is idempotent. The
+ * slot holds the prefix under engine hash 71, whose seq hash is not 71, and
+ * the re-store took that for a renamed block: it dropped the holding with
+ * the child stored under it (104) and placed the block again, as a new
+ * prefix named by 71 (disk depth of 101, 102, 103, 104: 4 -> 2).
+ */
+static void test_seq_conflict_restore_idempotent(void **state)
+{
+    (void)state;
+    struct kvi_index_config cfg = {.block_size = 4, .n_parts = 1};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    int64_t pool = kvi_index_intern_instance(ix, 0, "store-0", true);
+    assert_true(pool >= 0);
+    uint32_t in = (uint32_t)pool;
+    uint64_t s0[2] = {101, 102}, s1 = 103, s2 = 71, s3 = 104, content = 0xc0ffee;
+    assert_int_equal(kvi_index_store_seq_only(ix, in, 3, KVI_TIER_CPU, false, 0, 0, s0, s0, 2), 0);
+    struct kvi_block b1 = {103, content}, b2 = {71, content}, b3 = {104, 0xbeef};
+    assert_int_equal(kvi_index_store_seq(ix, in, 3, KVI_TIER_DISK, true, 102, 2, &b1, &s1, 1), 0);
+    assert_int_equal(kvi_index_store_seq(ix, in, 3, KVI_TIER_DISK, true, 103, 3, &b3, &s3, 1), 0);
+    assert_int_equal(kvi_index_store_seq(ix, in, 3, KVI_TIER_DISK, true, 102, 2, &b2, &s2, 1), 0);
+    struct kvi_index_stats st;
+    kvi_index_stats(ix, &st);
+    assert_int_equal(st.seq_conflicts, 1);
+    assert_int_equal(st.entries, 4);
+    assert_int_equal(st.holdings, 4);
+    uint64_t q[4] = {101, 102, 103, 104};
+    for (int round = 0; round < 2; round++) {
+        /* the joined block again, then with its child (parent 71, the name
+         * the disk slot now holds it under) */
+        if (round == 0)
+            assert_int_equal(kvi_index_store_seq(ix, in, 3, KVI_TIER_DISK, true, 102, 2, &b2, &s2, 1), 0);
+        else
+            assert_int_equal(kvi_index_store_seq(ix, in, 3, KVI_TIER_DISK, true, 71, 3, &b3, &s3, 1), 0);
+        char why[200];
+        if (kvi_index_check_tables(ix, why, sizeof why) != 0)
+            fail_msg("%s", why);
+        kvi_index_stats(ix, &st);
+        assert_int_equal(st.seq_conflicts, 1); /* a re-store joins nothing */
+        assert_int_equal(st.entries, 4);
+        assert_int_equal(st.holdings, 4);
+        assert_int_equal(st.invalid_events, 0);
+        uint32_t cpu = 0, disk = 0;
+        kvi_rcu_read_lock();
+        kvi_index_pool_depths(ix, NULL, q, 4, &cpu, &disk);
+        kvi_rcu_read_unlock();
+        assert_int_equal(cpu, 2);
+        assert_int_equal(disk, 4);
+    }
+    kvi_index_destroy(ix);
+}
+
 /* Resident bytes of [p, p + len) (mincore over the pages it spans). */
 static uint64_t resident_bytes(const void *p, size_t len)
 {
@@ -2963,6 +3017,7 @@ int main(void)
         cmocka_unit_test(test_new_index_memory),
         cmocka_unit_test(test_seq_hash_at_two_depths),
         cmocka_unit_test(test_seq_hashes_disagree_with_content),
+        cmocka_unit_test(test_seq_conflict_restore_idempotent),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
