@@ -1148,6 +1148,10 @@ static void test_10k_workers_memory(void **state)
     struct kfx_daemon d;
     /* HTTP connections capped low: the listeners' descriptors must not depend on that cap */
     const char *args[] = {"--max-connections", "1024", "--log-level", "warn", NULL};
+    /* Every listener of the dead endpoint holds its socket's mailbox and, while ZMQ retries the
+     * refused connect, a TCP socket: on a loaded machine the peak nears two descriptors per worker,
+     * over a 20,000 hard limit. Raise it where the test may (root), as an operator would. */
+    rh_raise_nofile_hard(1 << 16);
     rh_start_low_nofile(&d, args);
     /* an endpoint nobody publishes on: a port bound here and never listened on (refused) */
     int hole = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -43,6 +43,21 @@ RH_FN void rh_set_nofile_soft(rlim_t v)
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
 }
 
+/*
+ * Raise the hard descriptor limit to at least @p v where the process may
+ * (root: CAP_SYS_RESOURCE), so that a daemon started next inherits it; a
+ * limit already higher, or a refusal, leaves it as it is.
+ */
+RH_FN void rh_raise_nofile_hard(rlim_t v)
+{
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < v) {
+        rl.rlim_max = v;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
 RH_FN rlim_t rh_nofile_hard(void)
 {
     struct rlimit rl;
