@@ -131,8 +131,10 @@ static void test_fd_limit(void **state)
         fail_msg("kvidxd under ulimit -n 64 did not start (%d)", rc);
     }
 
-    int ok = 0, refused = 0;
+    int ok = 0, refused = 0, last = 0;
+    bool registered[201] = {false};
     for (int i = 1; i <= 200 && refused < 3; i++) {
+        last = i;
         char body[256];
         snprintf(body, sizeof body,
                  "{\"instance_id\":%d,\"endpoint\":\"inproc://kvidx-safety-%d\",\"model_name\":\"m\","
@@ -141,9 +143,10 @@ static void test_fd_limit(void **state)
         struct kfx_resp r;
         long s = kfx_post_json(&d, "/register", body, &r);
         if (s == 201) {
-            if (refused > 0)
-                fail_msg("instance %d: 201 after a 503 at the descriptor limit", i);
+            /* (a descriptor freed meanwhile, an HTTP connection's or one of ZMQ's, can make room
+             * again after a 503: the rule is that a 201 always means a working listener, below) */
             ok++;
+            registered[i] = true;
         } else if (s == 503) {
             if (strstr(r.body, "Too many open files") == NULL || strstr(r.body, "not registered") == NULL)
                 fail_msg("instance %d: 503 without the reason: %s", i, r.body);
@@ -160,11 +163,13 @@ static void test_fd_limit(void **state)
     struct kfx_resp r;
     assert_int_equal(kfx_get(&d, "/workers", &r), 200);
     assert_null(strstr(r.body, "\"failed\""));
-    char id[64];
-    snprintf(id, sizeof id, "\"instance_id\":%d,", ok);
-    assert_non_null(strstr(r.body, id));
-    snprintf(id, sizeof id, "\"instance_id\":%d,", ok + 1);
-    assert_null(strstr(r.body, id));
+    for (int i = 1; i <= last; i++) { /* exactly the instances that got 201 */
+        char id[64];
+        snprintf(id, sizeof id, "\"instance_id\":%d,", i);
+        if ((strstr(r.body, id) != NULL) != registered[i])
+            fail_msg("instance %d: %s in /workers, but it got %s", i, registered[i] ? "missing" : "listed",
+                     registered[i] ? "201" : "503");
+    }
     kfx_resp_free(&r);
     assert_int_equal(kfx_metric(&d, "dynamo_kvindexer_workers"), ok);
     assert_int_equal(kfx_metric(&d, "dynamo_kvindexer_listeners{status=\"failed\"}"), 0);
