@@ -2809,6 +2809,41 @@ static void test_seq_hash_at_two_depths(void **state)
     kvi_index_destroy(ix);
 }
 
+/* kvi_index_check_tables passes on @p ix. */
+static void expect_tables_ok(const struct kvi_index *ix)
+{
+    char why[200];
+    if (kvi_index_check_tables(ix, why, sizeof why) != 0)
+        fail_msg("%s", why);
+}
+
+/* The cpu and disk depths of the seq chain @p q (n hashes) over the shared pools. */
+static void expect_pool_depths(const struct kvi_index *ix, const uint64_t *q, size_t n, uint32_t cpu_want,
+                               uint32_t disk_want)
+{
+    uint32_t cpu = 0, disk = 0;
+    kvi_rcu_read_lock();
+    kvi_index_pool_depths(ix, NULL, q, n, &cpu, &disk);
+    kvi_rcu_read_unlock();
+    assert_int_equal(cpu, cpu_want);
+    assert_int_equal(disk, disk_want);
+}
+
+/* An index of block size 4 with the Mooncake pool "store-0" (*pool), which
+ * holds seq hashes 101, 102 at positions 0, 1 on cpu for rank 3. */
+static struct kvi_index *seq_pool_index(uint32_t *pool)
+{
+    struct kvi_index_config cfg = {.block_size = 4, .n_parts = 1};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    int64_t in = kvi_index_intern_instance(ix, 0, "store-0", true);
+    assert_true(in >= 0);
+    *pool = (uint32_t)in;
+    uint64_t s0[2] = {101, 102};
+    assert_int_equal(kvi_index_store_seq_only(ix, *pool, 3, KVI_TIER_CPU, false, 0, 0, s0, s0, 2), 0);
+    return ix;
+}
+
 /*
  * Two stores of one content chain under two seq hashes that are not the
  * standard ones of its tokens (fuzz_ingest, finding 9): the second named no
@@ -2820,31 +2855,20 @@ static void test_seq_hash_at_two_depths(void **state)
 static void test_seq_hashes_disagree_with_content(void **state)
 {
     (void)state;
-    struct kvi_index_config cfg = {.block_size = 4, .n_parts = 1};
-    struct kvi_index *ix = kvi_index_create(&cfg);
-    assert_non_null(ix);
-    int64_t pool = kvi_index_intern_instance(ix, 0, "store-0", true);
-    assert_true(pool >= 0);
-    uint64_t s0[2] = {101, 102}, s1 = 103, s2 = 71, content = 0xc0ffee;
-    assert_int_equal(kvi_index_store_seq_only(ix, (uint32_t)pool, 3, KVI_TIER_CPU, false, 0, 0, s0, s0, 2), 0);
+    uint32_t pool;
+    struct kvi_index *ix = seq_pool_index(&pool);
+    uint64_t s1 = 103, s2 = 71, content = 0xc0ffee;
     struct kvi_block b1 = {103, content}, b2 = {71, content};
-    assert_int_equal(kvi_index_store_seq(ix, (uint32_t)pool, 3, KVI_TIER_DISK, true, 102, 2, &b1, &s1, 1), 0);
-    assert_int_equal(kvi_index_store_seq(ix, (uint32_t)pool, 3, KVI_TIER_DISK, true, 102, 2, &b2, &s2, 1), 0);
-    char why[200];
-    if (kvi_index_check_tables(ix, why, sizeof why) != 0)
-        fail_msg("%s", why);
+    assert_int_equal(kvi_index_store_seq(ix, pool, 3, KVI_TIER_DISK, true, 102, 2, &b1, &s1, 1), 0);
+    assert_int_equal(kvi_index_store_seq(ix, pool, 3, KVI_TIER_DISK, true, 102, 2, &b2, &s2, 1), 0);
+    expect_tables_ok(ix);
     struct kvi_index_stats st;
     kvi_index_stats(ix, &st);
     assert_int_equal(st.seq_conflicts, 1);
     assert_int_equal(st.entries, 3);
     /* the prefix keeps its first seq hash: 101, 102, 103 reach depth 3 on disk */
     uint64_t q[3] = {101, 102, 103};
-    uint32_t cpu = 0, disk = 0;
-    kvi_rcu_read_lock();
-    kvi_index_pool_depths(ix, NULL, q, 3, &cpu, &disk);
-    kvi_rcu_read_unlock();
-    assert_int_equal(cpu, 2);
-    assert_int_equal(disk, 3);
+    expect_pool_depths(ix, q, 3, 2, 3);
     kvi_index_destroy(ix);
 }
 
@@ -2859,14 +2883,9 @@ static void test_seq_hashes_disagree_with_content(void **state)
 static void test_seq_conflict_restore_idempotent(void **state)
 {
     (void)state;
-    struct kvi_index_config cfg = {.block_size = 4, .n_parts = 1};
-    struct kvi_index *ix = kvi_index_create(&cfg);
-    assert_non_null(ix);
-    int64_t pool = kvi_index_intern_instance(ix, 0, "store-0", true);
-    assert_true(pool >= 0);
-    uint32_t in = (uint32_t)pool;
-    uint64_t s0[2] = {101, 102}, s1 = 103, s2 = 71, s3 = 104, content = 0xc0ffee;
-    assert_int_equal(kvi_index_store_seq_only(ix, in, 3, KVI_TIER_CPU, false, 0, 0, s0, s0, 2), 0);
+    uint32_t in;
+    struct kvi_index *ix = seq_pool_index(&in);
+    uint64_t s1 = 103, s2 = 71, s3 = 104, content = 0xc0ffee;
     struct kvi_block b1 = {103, content}, b2 = {71, content}, b3 = {104, 0xbeef};
     assert_int_equal(kvi_index_store_seq(ix, in, 3, KVI_TIER_DISK, true, 102, 2, &b1, &s1, 1), 0);
     assert_int_equal(kvi_index_store_seq(ix, in, 3, KVI_TIER_DISK, true, 103, 3, &b3, &s3, 1), 0);
@@ -2884,20 +2903,13 @@ static void test_seq_conflict_restore_idempotent(void **state)
             assert_int_equal(kvi_index_store_seq(ix, in, 3, KVI_TIER_DISK, true, 102, 2, &b2, &s2, 1), 0);
         else
             assert_int_equal(kvi_index_store_seq(ix, in, 3, KVI_TIER_DISK, true, 71, 3, &b3, &s3, 1), 0);
-        char why[200];
-        if (kvi_index_check_tables(ix, why, sizeof why) != 0)
-            fail_msg("%s", why);
+        expect_tables_ok(ix);
         kvi_index_stats(ix, &st);
         assert_int_equal(st.seq_conflicts, 1); /* a re-store joins nothing */
         assert_int_equal(st.entries, 4);
         assert_int_equal(st.holdings, 4);
         assert_int_equal(st.invalid_events, 0);
-        uint32_t cpu = 0, disk = 0;
-        kvi_rcu_read_lock();
-        kvi_index_pool_depths(ix, NULL, q, 4, &cpu, &disk);
-        kvi_rcu_read_unlock();
-        assert_int_equal(cpu, 2);
-        assert_int_equal(disk, 4);
+        expect_pool_depths(ix, q, 4, 2, 4);
     }
     kvi_index_destroy(ix);
 }
