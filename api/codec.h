@@ -57,7 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "api/json.h"
+#include "api/body.h"
 
 /* ---- routes, content types, dialects ---------------------------------------- */
 

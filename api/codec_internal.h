@@ -1,6 +1,10 @@
 /*
- * Internals shared by api/json.c, api/codec_msgpack.c and the route codecs.
- * Not part of the API: handlers include api/codec.h and api/json.h only.
+ * Internals shared by the route codecs (api/codec_*.c): error helpers, the
+ * table-driven object parser, score-row helpers and the compound raw
+ * writers of the query answers. Built on the body layer's contract
+ * (api/body.h) and msgpack primitives (net/msgpack_wire.h); the body layer
+ * never includes this header. Not part of the API: handlers include
+ * api/codec.h and api/body.h only.
  */
 #ifndef KVI_API_CODEC_INTERNAL_H
 #define KVI_API_CODEC_INTERNAL_H
@@ -11,66 +15,8 @@
 
 #include "api/codec.h"
 #include "engine/common.h"
-#include "api/json.h"
+#include "api/body.h"
 #include "net/msgpack_wire.h"
-
-/* ---- reader internals (json.c) ------------------------------------------- */
-
-/** Mark the reader broken at its current position. @return -EBADMSG. */
-int kvi_rd__fail(struct kvi_rd *rd, const char *what);
-/** Mark the reader out of memory. @return -ENOMEM. */
-int kvi_rd__nomem(struct kvi_rd *rd);
-/** Enter a container with @p remain elements (msgpack). @return 0 or -EBADMSG. */
-int kvi_rd__push(struct kvi_rd *rd, uint32_t remain);
-/** Length of the valid UTF-8 sequence at @p p (lead byte >= 0x80), or 0. */
-size_t kvi__utf8_seq(const uint8_t *p, const uint8_t *end);
-
-/* ---- msgpack reader (codec_msgpack.c); callers checked rd->err ------------- */
-
-enum kvi_vt kvi_mp__peek(struct kvi_rd *rd);
-int kvi_mp__obj_begin(struct kvi_rd *rd);
-int kvi_mp__obj_next(struct kvi_rd *rd, struct kvi_str *key);
-int kvi_mp__arr_begin(struct kvi_rd *rd, uint32_t *count);
-int kvi_mp__arr_next(struct kvi_rd *rd);
-int kvi_mp__str(struct kvi_rd *rd, struct kvi_str *out);
-int kvi_mp__num(struct kvi_rd *rd, struct kvi_num *out);
-int kvi_mp__bool(struct kvi_rd *rd, bool *out);
-bool kvi_mp__null(struct kvi_rd *rd);
-int kvi_mp__bin(struct kvi_rd *rd, const uint8_t **p, size_t *len);
-int kvi_mp__skip(struct kvi_rd *rd);
-void kvi_mp__describe(struct kvi_rd *rd, char *out, size_t cap);
-/** Read a msgpack integer element at the cursor (arrays fast path). */
-int kvi_mp__int(struct kvi_rd *rd, struct kvi_num *out, enum kvi_vt *vt);
-
-/** Integer array fast path (msgpack), as kvi_rd_u32_array with @p width 4 or 8. */
-int kvi_mp__int_array(struct kvi_rd *rd, int64_t min, uint64_t max, void **out, size_t *n_out,
-                      struct kvi_elem_err *e, int width);
-
-/* ---- integer array helpers (json.c, codec_msgpack.c) ---------------------- */
-
-static inline void kvi__store_elem(void *a, size_t i, uint64_t v, int width)
-{
-    if (width == 4)
-        ((uint32_t *)a)[i] = (uint32_t)v;
-    else
-        ((uint64_t *)a)[i] = v;
-}
-
-/* Range check of an integer; the accepted value's bit pattern in *bits. */
-static inline bool kvi__in_range(const struct kvi_num *n, int64_t min, uint64_t max, uint64_t *bits)
-{
-    if (n->neg) {
-        /* n->mag <= 2^63 */
-        if (min >= 0 || n->mag > (uint64_t)0 - (uint64_t)min)
-            return false;
-        *bits = (uint64_t)0 - n->mag;
-        return true;
-    }
-    if (n->mag > max)
-        return false;
-    *bits = n->mag;
-    return true;
-}
 
 /* ---- raw writers: write at a cursor the caller made room for ---------------
  * The response encoders of the query routes compute an upper bound of their
@@ -80,64 +26,7 @@ static inline bool kvi__in_range(const struct kvi_num *n, int64_t min, uint64_t 
  * produces for the same value (the codec tests compare both).
  */
 
-/** "00".."99", two characters each (json.c). */
-extern const char kvi__digits2[201];
-
-/** Number of decimal digits of @p v (1 for 0). */
-static inline unsigned kvi__dec_len(uint64_t v)
-{
-    static const uint64_t pow10[20] = {1ull,
-                                       10ull,
-                                       100ull,
-                                       1000ull,
-                                       10000ull,
-                                       100000ull,
-                                       1000000ull,
-                                       10000000ull,
-                                       100000000ull,
-                                       1000000000ull,
-                                       10000000000ull,
-                                       100000000000ull,
-                                       1000000000000ull,
-                                       10000000000000ull,
-                                       100000000000000ull,
-                                       1000000000000000ull,
-                                       10000000000000000ull,
-                                       100000000000000000ull,
-                                       1000000000000000000ull,
-                                       10000000000000000000ull};
-    /* log10 estimate from the bit length (1233 / 4096 ~ log10(2)), exact after one compare */
-    unsigned t = (unsigned)(64 - __builtin_clzll(v | 1)) * 1233u >> 12;
-    return t + ((v | 1) >= pow10[t]); /* v | 1: 0 has one digit too */
-}
-
-/** Decimal @p v at @p o (room for 20 bytes). */
-static inline __attribute__((always_inline)) char *kvi__w_dec(char *o, uint64_t v)
-{
-    if (v < 10) {
-        *o = (char)('0' + v);
-        return o + 1;
-    }
-    if (v < 100) {
-        memcpy(o, kvi__digits2 + 2 * v, 2);
-        return o + 2;
-    }
-    char *end = o + kvi__dec_len(v), *p = end;
-    while (v >= 100) {
-        unsigned r = (unsigned)(v % 100);
-        v /= 100;
-        p -= 2;
-        memcpy(p, kvi__digits2 + 2 * r, 2);
-    }
-    if (v >= 10)
-        memcpy(p - 2, kvi__digits2 + 2 * v, 2);
-    else
-        p[-1] = (char)('0' + v);
-    return end;
-}
-
-/** @p s JSON-escaped, without quotes (room for 6 * @p len bytes; json.c). */
-char *kvi__w_json_esc(char *o, const char *s, size_t len);
+/* Decimal digits and JSON escaping: api/body.h (kvi__w_dec, kvi__w_json_esc). */
 
 /** @p s JSON-escaped between quotes (room for 6 * @p len + 2 bytes). */
 static inline char *kvi__w_json_str(char *o, const char *s, size_t len)
@@ -164,19 +53,9 @@ static inline char *kvi__w_mem(char *o, const void *s, size_t n)
 static inline __attribute__((always_inline)) char *kvi__w_mp_dec_str(char *o, uint64_t v)
 {
     char *e = kvi__w_dec(o + 1, v);
-    *o = (char)(0xa0 | (e - o - 1));
+    kvi_mp_w_str_hdr(o, (size_t)(e - o - 1)); /* a fixstr: at most 20 digits */
     return e;
 }
-
-/* ---- msgpack writer (codec_msgpack.c) ------------------------------------ */
-
-void kvi_mp__put_map(struct kvi_buf *b, uint32_t n);
-void kvi_mp__put_arr(struct kvi_buf *b, uint32_t n);
-void kvi_mp__put_str(struct kvi_buf *b, const char *s, size_t len);
-void kvi_mp__put_u64(struct kvi_buf *b, uint64_t v);
-void kvi_mp__put_i64(struct kvi_buf *b, int64_t v);
-void kvi_mp__put_nil(struct kvi_buf *b);
-void kvi_mp__put_bool(struct kvi_buf *b, bool v);
 
 /* ---- error helpers (codec_common.c) --------------------------------------- */
 

@@ -69,7 +69,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "api/json.h"
+#include "api/body.h"
 #include "api/service.h"
 #include "engine/slots.h"
 #include "net/http_server.h"

@@ -1,10 +1,20 @@
 /*
- * kvidx body layer: a growable output buffer, a per-request scratch
- * allocator, one pull reader for JSON and msgpack request bodies, and one
- * writer that emits either encoding. The route codecs (api/codec.h) are built
+ * kvidx body layer, the request/response body of every route in either
+ * encoding: a growable output buffer, a per-request scratch allocator, one
+ * pull reader for JSON and msgpack request bodies, and one writer that emits
+ * either encoding. The route codecs (api/codec.h, api/codec_*.c) are built
  * on these; nothing here knows about routes, HTTP or the index.
  *
- * WHY A HAND-WRITTEN LAYER (measured; figures at the top of api/json.c)
+ * FILES
+ *   api/body.h          this contract
+ *   api/body.c          buffer, scratch, reader state, and the kvi_rd_* /
+ *                       kvi_wr_* entry points, which dispatch on the encoding
+ *   api/body_json.c     the JSON reader and writer
+ *   api/body_msgpack.c  the msgpack reader and writer (primitives from
+ *                       net/msgpack_wire.h)
+ *   api/body_internal.h what those three share; no one else includes it
+ *
+ * WHY A HAND-WRITTEN LAYER (measured; figures at the top of api/body_json.c)
  *   /query bodies carry up to 8 MiB of token ids on the router's hot path.
  *   The Debian candidates either cannot represent our numbers (cJSON keeps
  *   doubles: u64 ids and hashes lose bits; jansson stops at INT64_MAX, and
@@ -41,8 +51,8 @@
  *   None of these objects is shared: a buffer, scratch, reader or writer is
  *   used by one thread at a time. Different objects are independent.
  */
-#ifndef KVI_API_JSON_H
-#define KVI_API_JSON_H
+#ifndef KVI_API_BODY_H
+#define KVI_API_BODY_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -232,17 +242,19 @@ size_t kvi_rd_offset(const struct kvi_rd *rd);
 void kvi_rd_line_col(const struct kvi_rd *rd, size_t off, size_t *line, size_t *col);
 
 /**
- * Describe the next value for an error message, serde style, without
- * consuming it: `integer `-1``, `floating point `1.5``, `string "x"`,
- * `boolean `true``, `null`, `sequence`, `map`, `byte array`.
- * Writes a NUL-terminated text of at most @p cap bytes.
- */
-/**
  * Longest prefix of the UTF-8 text @p p (@p len bytes) that is at most
  * @p max bytes and does not split a multi-byte character (for error texts).
  */
 size_t kvi_utf8_prefix(const char *p, size_t len, size_t max);
 
+/**
+ * Describe the next value for an error message, serde style, without
+ * consuming it: `integer `-1``, `floating point `1.5``, `string "x"`,
+ * `boolean `true``, `null`, `sequence`, `map`, `byte array`.
+ * Writes a NUL-terminated text of at most @p cap bytes (empty when the
+ * reader has failed). The reader is unchanged afterwards, even when the
+ * value is malformed.
+ */
 void kvi_rd_describe(struct kvi_rd *rd, char *out, size_t cap);
 
 /** Why an array element failed (kvi_rd_u32_array / kvi_rd_u64_array). */
@@ -327,13 +339,95 @@ void kvi_wr_key_u64(struct kvi_wr *w, uint64_t v);
 void kvi_wr_str(struct kvi_wr *w, const char *s, size_t len);
 /** Write a NUL-terminated string value. */
 void kvi_wr_strz(struct kvi_wr *w, const char *s);
+/** Write an unsigned integer value (msgpack: its smallest encoding). */
 void kvi_wr_u64(struct kvi_wr *w, uint64_t v);
+/** Write a signed integer value (msgpack: non-negative values as unsigned). */
 void kvi_wr_i64(struct kvi_wr *w, int64_t v);
+/** Write a boolean value. */
 void kvi_wr_bool(struct kvi_wr *w, bool v);
+/** Write a null (msgpack nil). */
 void kvi_wr_null(struct kvi_wr *w);
 
 /** Append @p s JSON-escaped, between quotes, to @p b. */
 void kvi_json_put_str(struct kvi_buf *b, const char *s, size_t len);
+
+/* ---- for the codecs built on the layer -------------------------------------------
+ * Route parsers that read beyond the kvi_rd_* calls, and response encoders
+ * that compute an upper bound of their output once, reserve it, and then
+ * write through a bare char pointer (no capacity check, no oom flag, no
+ * container stack per value). Each raw writer returns the new cursor; its
+ * bytes are exactly what the kvi_wr_* writer produces for the same value.
+ * The compound raw writers (keys, maps, msgpack items) are in
+ * api/codec_internal.h. Pure functions: any thread.
+ */
+
+/**
+ * Mark the reader out of memory (a codec's own scratch allocation failed).
+ * @return rd->err (-ENOMEM, or the earlier error, which is kept).
+ */
+int kvi_rd__nomem(struct kvi_rd *rd);
+
+/** Length of the valid UTF-8 sequence at @p p (lead byte >= 0x80, before @p end), or 0. */
+size_t kvi__utf8_seq(const uint8_t *p, const uint8_t *end);
+
+/** "00".."99", two characters each. */
+extern const char kvi__digits2[201];
+
+/** Number of decimal digits of @p v (1 for 0). */
+static inline unsigned kvi__dec_len(uint64_t v)
+{
+    static const uint64_t pow10[20] = {1ull,
+                                       10ull,
+                                       100ull,
+                                       1000ull,
+                                       10000ull,
+                                       100000ull,
+                                       1000000ull,
+                                       10000000ull,
+                                       100000000ull,
+                                       1000000000ull,
+                                       10000000000ull,
+                                       100000000000ull,
+                                       1000000000000ull,
+                                       10000000000000ull,
+                                       100000000000000ull,
+                                       1000000000000000ull,
+                                       10000000000000000ull,
+                                       100000000000000000ull,
+                                       1000000000000000000ull,
+                                       10000000000000000000ull};
+    /* log10 estimate from the bit length (1233 / 4096 ~ log10(2)), exact after one compare */
+    unsigned t = (unsigned)(64 - __builtin_clzll(v | 1)) * 1233u >> 12;
+    return t + ((v | 1) >= pow10[t]); /* v | 1: 0 has one digit too */
+}
+
+/** Decimal @p v at @p o (room for 20 bytes). */
+static inline __attribute__((always_inline)) char *kvi__w_dec(char *o, uint64_t v)
+{
+    if (v < 10) {
+        *o = (char)('0' + v);
+        return o + 1;
+    }
+    if (v < 100) {
+        memcpy(o, kvi__digits2 + 2 * v, 2);
+        return o + 2;
+    }
+    char *end = o + kvi__dec_len(v), *p = end;
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        p -= 2;
+        memcpy(p, kvi__digits2 + 2 * r, 2);
+    }
+    if (v >= 10)
+        memcpy(p - 2, kvi__digits2 + 2 * v, 2);
+    else
+        p[-1] = (char)('0' + v);
+    return end;
+}
+
+/** @p s JSON-escaped, without quotes (room for 6 * @p len bytes). */
+char *kvi__w_json_esc(char *o, const char *s, size_t len);
 
 /* inline defs */
 

@@ -1,4 +1,4 @@
-/* ctest-labels: unit -- api/json.{h,c}, api/codec_msgpack.c: buffer, scratch, pull reader, writer */
+/* ctest-labels: unit -- the body layer (api/body.h; body.c, body_json.c, body_msgpack.c): buffer, scratch, pull reader, writer */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/codec_internal.h"
-#include "api/json.h"
+#include "api/body.h"
+#include "api/body_internal.h" /* kvi_rd__fail */
 
 static struct kvi_scratch S;
 

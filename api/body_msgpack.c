@@ -1,21 +1,27 @@
 /*
- * The msgpack half of the body layer (api/json.h): the pull reader over a
- * complete msgpack body and the writer. Hand-written rather than through
- * msgpack-c's unpacker so that one route parser serves JSON and msgpack
- * bodies alike, and so that a 1 M-element token array is read without a
- * msgpack_object per element (24 bytes each in msgpack-c's zone). The tests
- * cross-check both directions against msgpack-c 4.0.
+ * kvidx body layer, the msgpack half: the pull reader over a complete
+ * msgpack body and the msgpack side of the writer, behind the kvi_mp__*
+ * entry points that api/body.c dispatches to (api/body_internal.h). The JSON
+ * half is body_json.c; every msgpack primitive (byte order, header forms,
+ * the item writers) comes from net/msgpack_wire.h.
  *
- * Every reader function here is called with rd->err == 0 (json.c checks).
- * Element counts are checked against the bytes left before anything is
- * allocated: a header cannot make the reader reserve more than the body's
- * size.
+ * Hand-written rather than through msgpack-c's unpacker so that one route
+ * parser serves JSON and msgpack bodies alike, and so that a 1 M-element
+ * token array is read without a msgpack_object per element (24 bytes each in
+ * msgpack-c's zone). tests/api/body_test.c cross-checks both directions
+ * against msgpack-c 4.0; the codec fuzz target checks that a JSON body and
+ * its msgpack twin parse alike.
+ *
+ * Every reader function here is called with rd->err == 0 (api/body.c
+ * checks). Element counts are checked against the bytes left before
+ * anything is allocated: a header cannot make the reader reserve more than
+ * the body's size.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "api/codec_internal.h"
+#include "api/body_internal.h"
 
 static inline size_t left(const struct kvi_rd *rd)
 {
