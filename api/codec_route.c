@@ -136,17 +136,13 @@ static int read_weight(struct pctx *c, const char *field, double *out)
     } else if (r == KVI_NUM_FLOAT || r == KVI_NUM_BIG) {
         if (c->rd.enc == KVI_ENC_MSGPACK) {
             const uint8_t *p = c->body + off;
-            if (p[0] == 0xca) {
-                uint32_t b;
+            if (p[0] == 0xca) { /* float 32; else float 64 (the reader checked the length) */
+                uint32_t b = kvi_load_be32(p + 1);
                 float f;
-                memcpy(&b, p + 1, 4);
-                b = be32toh(b);
                 memcpy(&f, &b, 4);
                 v = f;
             } else {
-                uint64_t b;
-                memcpy(&b, p + 1, 8);
-                b = be64toh(b);
+                uint64_t b = kvi_load_be64(p + 1);
                 memcpy(&v, &b, 8);
             }
         } else {
@@ -379,26 +375,17 @@ struct rw {
     int depth;
 };
 
-static void rw_be(struct rw *w, uint8_t tag, uint64_t v, int bytes)
+/* msgpack items are written by net/msgpack_wire.h into room for one header
+ * at the end of the buffer (NULL: out of memory, recorded by the buffer). */
+static void *rw_mp_room(struct rw *w)
 {
-    char tmp[9];
-    tmp[0] = (char)tag;
-    for (int i = 0; i < bytes; i++)
-        tmp[1 + i] = (char)(v >> (8 * (bytes - 1 - i)));
-    kvi_buf_put(w->b, tmp, (size_t)bytes + 1);
+    return kvi_buf_reserve(w->b, KVI_MP_HDR_MAX);
 }
 
-/* msgpack header of a map (0x80 / 0xde / 0xdf), array (0x90 / 0xdc / 0xdd) or str (0xa0 / 0xd9 / 0xda / 0xdb). */
-static void rw_mp_hdr(struct rw *w, uint8_t fix, uint8_t fix_max, uint8_t t8, uint8_t t16, uint8_t t32, uint64_t n)
+/* Account what a writer put at @p at (rw_mp_room's answer), up to @p end. */
+static void rw_mp_done(struct rw *w, void *at, void *end)
 {
-    if (n <= fix_max)
-        kvi_buf_putc(w->b, (char)(fix | n));
-    else if (t8 && n <= 0xff)
-        rw_be(w, t8, n, 1);
-    else if (n <= 0xffff)
-        rw_be(w, t16, n, 2);
-    else
-        rw_be(w, t32, n, 4);
+    w->b->len += (size_t)((char *)end - (char *)at);
 }
 
 static void rw_sep(struct rw *w)
@@ -417,9 +404,11 @@ static void rw_sep(struct rw *w)
 
 static void rw_open(struct rw *w, bool obj, uint32_t n)
 {
-    if (w->mp)
-        rw_mp_hdr(w, obj ? 0x80 : 0x90, 15, 0, obj ? 0xde : 0xdc, obj ? 0xdf : 0xdd, n);
-    else {
+    if (w->mp) {
+        void *p = rw_mp_room(w);
+        if (p != NULL)
+            rw_mp_done(w, p, obj ? kvi_mp_w_map_hdr(p, n, false) : kvi_mp_w_array_hdr(p, n));
+    } else {
         rw_sep(w);
         kvi_buf_putc(w->b, obj ? '{' : '[');
     }
@@ -436,7 +425,10 @@ static void rw_close(struct rw *w, bool obj)
 static void rw_str(struct rw *w, const char *s, size_t len)
 {
     if (w->mp) {
-        rw_mp_hdr(w, 0xa0, 31, 0xd9, 0xda, 0xdb, len);
+        void *p = rw_mp_room(w);
+        if (p == NULL)
+            return;
+        rw_mp_done(w, p, kvi_mp_w_str_hdr(p, len));
         kvi_buf_put(w->b, s, len);
     } else {
         kvi_json_put_str(w->b, s, len);
@@ -466,26 +458,23 @@ static void rw_v_u64(struct rw *w, uint64_t v)
     rw_sep(w);
     if (!w->mp) {
         kvi_buf_put_u64(w->b, v);
-    } else if (v <= 0x7f) {
-        kvi_buf_putc(w->b, (char)v);
-    } else if (v <= 0xff) {
-        rw_be(w, 0xcc, v, 1);
-    } else if (v <= 0xffff) {
-        rw_be(w, 0xcd, v, 2);
-    } else if (v <= 0xffffffffu) {
-        rw_be(w, 0xce, v, 4);
-    } else {
-        rw_be(w, 0xcf, v, 8);
+        return;
     }
+    void *p = rw_mp_room(w);
+    if (p != NULL)
+        rw_mp_done(w, p, kvi_mp_w_uint(p, v));
 }
 
 static void rw_v_bool(struct rw *w, bool v)
 {
     rw_sep(w);
-    if (w->mp)
-        kvi_buf_putc(w->b, (char)(v ? 0xc3 : 0xc2));
-    else
+    if (w->mp) {
+        void *p = rw_mp_room(w);
+        if (p != NULL)
+            rw_mp_done(w, p, kvi_mp_w_bool(p, v));
+    } else {
         kvi_buf_puts(w->b, v ? "true" : "false");
+    }
 }
 
 /* A float: msgpack float64; JSON the shortest of %.15g / %.17g that reads back exactly, with ".0" for
@@ -495,9 +484,9 @@ static void rw_v_f64(struct rw *w, double v)
 {
     rw_sep(w);
     if (w->mp) {
-        uint64_t bits;
-        memcpy(&bits, &v, 8);
-        rw_be(w, 0xcb, bits, 8);
+        void *p = rw_mp_room(w);
+        if (p != NULL)
+            rw_mp_done(w, p, kvi_mp_w_f64(p, v));
         return;
     }
     if (!isfinite(v)) {

@@ -16,6 +16,7 @@
 
 #include "api/body.h"
 #include "fuzz.h"
+#include "net/msgpack_wire.h"
 
 /** Mix a parsed string slice into @p d; a non-empty slice must have a pointer. */
 static inline void fz_dig_kstr(struct fz_dig *d, struct kvi_str s)
@@ -65,12 +66,21 @@ struct fz_tc {
     bool wide_lens;
 };
 
+/* @p tag and @p v big-endian in @p bytes (1, 2, 4 or 8) bytes: a header of a
+ * chosen width, not necessarily the smallest (net/msgpack_wire.h's writers
+ * always pick the smallest; the byte order comes from there). */
 static inline void fz_mp_be(struct kvi_buf *o, uint8_t tag, uint64_t v, int bytes)
 {
     uint8_t b[9];
     b[0] = tag;
-    for (int i = 0; i < bytes; i++)
-        b[1 + i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
+    if (bytes == 1)
+        b[1] = (uint8_t)v;
+    else if (bytes == 2)
+        kvi_store_be16(b + 1, (uint16_t)v);
+    else if (bytes == 4)
+        kvi_store_be32(b + 1, (uint32_t)v);
+    else
+        kvi_store_be64(b + 1, v);
     kvi_buf_put(o, b, (size_t)bytes + 1);
 }
 
