@@ -57,7 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "api/body.h"
+#include "net/body.h"
 
 /* ---- routes, content types, dialects ---------------------------------------- */
 

@@ -62,7 +62,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "api/body.h"
+#include "net/body.h"
 #include "engine/index.h"
 
 /* ---- encoder ------------------------------------------------------------------ */

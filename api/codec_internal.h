@@ -15,7 +15,7 @@
 
 #include "api/codec.h"
 #include "engine/common.h"
-#include "api/body.h"
+#include "net/body.h"
 #include "net/msgpack_wire.h"
 
 /* ---- raw writers: write at a cursor the caller made room for ---------------

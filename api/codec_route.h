@@ -65,7 +65,7 @@
 #include <stdint.h>
 
 #include "api/codec.h"
-#include "api/body.h"
+#include "net/body.h"
 
 /** Which prompt form the request carried. */
 enum kvi_route_input {

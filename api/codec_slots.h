@@ -56,7 +56,7 @@
 #include <stdint.h>
 
 #include "api/codec.h"
-#include "api/body.h"
+#include "net/body.h"
 #include "engine/slots.h"
 
 /** The default slot-tracker port. */

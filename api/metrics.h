@@ -23,7 +23,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "api/body.h"
+#include "net/body.h"
 #include "api/service.h"
 #include "engine/common.h"
 #include "net/http_server.h"

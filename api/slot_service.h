@@ -69,7 +69,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "api/body.h"
+#include "net/body.h"
 #include "api/service.h"
 #include "engine/slots.h"
 #include "net/http_server.h"

@@ -6,7 +6,7 @@
  *   |--------------------------|----------------------------------------------|
  *   | net/decode_msgpack.c,    | big-endian loads (the event decoder's reader |
  *   | net/decode_event.c       | is hand-written: 2.7x msgpack-c on events)   |
- *   | api/body_msgpack.c,      | loads (the body reader) and every writer     |
+ *   | net/body_msgpack.c,      | loads (the body reader) and every writer     |
  *   | api/codec_internal.h     | (answers, msgpack bodies)                    |
  *   | net/publisher.c          | every writer (the C publisher library)       |
  *   | net/listener.c           | big-endian u64 (replay request and reply     |

@@ -14,7 +14,7 @@
 
 #include <limits.h>
 
-#include "api/body.h"
+#include "net/body.h"
 #include "fuzz.h"
 #include "net/msgpack_wire.h"
 

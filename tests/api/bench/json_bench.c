@@ -25,7 +25,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "api/codec.h"
-#include "api/body.h"
+#include "net/body.h"
 
 static uint64_t now_ns(void)
 {

@@ -1,14 +1,14 @@
 /*
- * Internals of the body layer, shared by its three files only: api/body.c
- * (buffer, scratch, dispatch), api/body_json.c and api/body_msgpack.c (the
- * two encodings). Route codecs use api/body.h; nothing outside api/body*.c
+ * Internals of the body layer, shared by its three files only: net/body.c
+ * (buffer, scratch, dispatch), net/body_json.c and net/body_msgpack.c (the
+ * two encodings). Route codecs use net/body.h; nothing outside net/body*.c
  * includes this header (the body layer's unit test does, to drive a reader
  * into an error state).
  *
  * CALLING CONVENTION of the kvi_js__* and kvi_mp__* reader entry points:
- * api/body.c calls them only with rd->err == 0, for a reader of their
+ * net/body.c calls them only with rd->err == 0, for a reader of their
  * encoding; they return what the kvi_rd_* function of the same name
- * returns (api/body.h, RETURN CONVENTION) and set rd->err on failure.
+ * returns (net/body.h, RETURN CONVENTION) and set rd->err on failure.
  * Thread: that of the reader or writer (none is shared).
  */
 #ifndef KVI_API_BODY_INTERNAL_H
@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "api/body.h"
+#include "net/body.h"
 #include "net/msgpack_wire.h"
 
 /* ---- reader state (body.c) -------------------------------------------------- */
@@ -117,7 +117,7 @@ static inline bool kvi__in_range(const struct kvi_num *n, int64_t min, uint64_t 
     return true;
 }
 
-/* ---- JSON writer (body_json.c): the bytes; api/body.c keeps the container stack -- */
+/* ---- JSON writer (body_json.c): the bytes; net/body.c keeps the container stack -- */
 
 /** Separator if needed, then '{' (@p obj) or '['. Appends to w->b (sticky oom). */
 void kvi_js__wr_open(struct kvi_wr *w, bool obj);

@@ -1,18 +1,18 @@
 /*
  * kvidx body layer, the msgpack half: the pull reader over a complete
  * msgpack body and the msgpack side of the writer, behind the kvi_mp__*
- * entry points that api/body.c dispatches to (api/body_internal.h). The JSON
+ * entry points that net/body.c dispatches to (net/body_internal.h). The JSON
  * half is body_json.c; every msgpack primitive (byte order, header forms,
  * the item writers) comes from net/msgpack_wire.h.
  *
  * Hand-written rather than through msgpack-c's unpacker so that one route
  * parser serves JSON and msgpack bodies alike, and so that a 1 M-element
  * token array is read without a msgpack_object per element (24 bytes each in
- * msgpack-c's zone). tests/api/body_test.c cross-checks both directions
+ * msgpack-c's zone). tests/net/body_test.c cross-checks both directions
  * against msgpack-c 4.0; the codec fuzz target checks that a JSON body and
  * its msgpack twin parse alike.
  *
- * Every reader function here is called with rd->err == 0 (api/body.c
+ * Every reader function here is called with rd->err == 0 (net/body.c
  * checks). Element counts are checked against the bytes left before
  * anything is allocated: a header cannot make the reader reserve more than
  * the body's size.
@@ -21,7 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "api/body_internal.h"
+#include "net/body_internal.h"
 
 static inline size_t left(const struct kvi_rd *rd)
 {

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/body.h"
-#include "api/body_internal.h" /* kvi_rd__fail */
+#include "net/body.h"
+#include "net/body_internal.h" /* kvi_rd__fail */
 
 static struct kvi_scratch S;
 

@@ -2,16 +2,16 @@
  * kvidx body layer, the format-independent part: the output buffer, the
  * scratch allocator, the reader's state and error reporting, and the public
  * kvi_rd_* / kvi_wr_* entry points, which dispatch on the body's encoding to
- * body_json.c or body_msgpack.c. Contract: api/body.h; the two encodings'
- * entry points: api/body_internal.h.
+ * body_json.c or body_msgpack.c. Contract: net/body.h; the two encodings'
+ * entry points: net/body_internal.h.
  */
-#include "api/body.h"
+#include "net/body.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/body_internal.h"
+#include "net/body_internal.h"
 
 /* ---- buffer ----------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /*
  * kvidx body layer, the JSON half: the strict pull reader (RFC 8259) and the
- * JSON side of the writer, behind the kvi_js__* entry points that api/body.c
- * dispatches to (api/body_internal.h). The msgpack half is body_msgpack.c.
+ * JSON side of the writer, behind the kvi_js__* entry points that net/body.c
+ * dispatches to (net/body_internal.h). The msgpack half is body_msgpack.c.
  *
  * JSON LAYER DECISION (measured with tests/api/bench/json_bench.c, built by
  * `cmake -DKVI_JSON_BENCH=ON` as kvi-json-bench; Release -O2; thread CPU time
@@ -33,7 +33,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "api/body_internal.h"
+#include "net/body_internal.h"
 
 /* ---- raw writer: string escaping --------------------------------------------------- */
 
@@ -349,7 +349,7 @@ static int json_wrong(struct kvi_rd *rd, enum kvi_vt vt)
     return KVI_RD_TYPE;
 }
 
-/* ---- reader: entry points (rd->err == 0 on entry; api/body.c checks) -------------- */
+/* ---- reader: entry points (rd->err == 0 on entry; net/body.c checks) -------------- */
 
 void kvi_js__ws(struct kvi_rd *rd)
 {
@@ -640,7 +640,7 @@ static inline const uint8_t *skip_ws(const uint8_t *p, const uint8_t *end)
  * floats, leading zeros, out-of-range values, other types, syntax errors)
  * is parsed again by the general path, which alone reports errors, so the
  * results, error texts and offsets are those of the general path alone
- * (tests/api/body_test.c compares with the previous implementation).
+ * (tests/net/body_test.c compares with the previous implementation).
  * Always inlined into the two callers so @p width is a constant.
  * Measured (thread CPU, this VM): 4,096 token ids 25 -> 22 us (6.1 -> 5.4 ns
  * per id, 90 -> 79 instructions); 128 signed 19-digit hashes 2.4 -> 1.1 us.
@@ -799,7 +799,7 @@ const uint8_t *kvi_js__fast_skip(const uint8_t *p, const uint8_t *e)
     return p;
 }
 
-/* ---- writer: the JSON side (api/body.c keeps the container stack) ----------------- */
+/* ---- writer: the JSON side (net/body.c keeps the container stack) ----------------- */
 
 void kvi_json_put_str(struct kvi_buf *b, const char *s, size_t len)
 {

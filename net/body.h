@@ -6,15 +6,15 @@
  * on these; nothing here knows about routes, HTTP or the index.
  *
  * FILES
- *   api/body.h          this contract
- *   api/body.c          buffer, scratch, reader state, and the kvi_rd_* /
+ *   net/body.h          this contract
+ *   net/body.c          buffer, scratch, reader state, and the kvi_rd_* /
  *                       kvi_wr_* entry points, which dispatch on the encoding
- *   api/body_json.c     the JSON reader and writer
- *   api/body_msgpack.c  the msgpack reader and writer (primitives from
+ *   net/body_json.c     the JSON reader and writer
+ *   net/body_msgpack.c  the msgpack reader and writer (primitives from
  *                       net/msgpack_wire.h)
- *   api/body_internal.h what those three share; no one else includes it
+ *   net/body_internal.h what those three share; no one else includes it
  *
- * WHY A HAND-WRITTEN LAYER (measured; figures at the top of api/body_json.c)
+ * WHY A HAND-WRITTEN LAYER (measured; figures at the top of net/body_json.c)
  *   /query bodies carry up to 8 MiB of token ids on the router's hot path.
  *   The Debian candidates either cannot represent our numbers (cJSON keeps
  *   doubles: u64 ids and hashes lose bits; jansson stops at INT64_MAX, and
