@@ -420,6 +420,9 @@ struct kvi_status_view {
     uint64_t required_initial;
     uint64_t registered;
     uint64_t pending, active, paused, failed; /* listeners per status */
+    bool has_nats;                 /* --nats: the "nats" object is written */
+    bool nats_connected;
+    uint64_t nats_pending;         /* stream messages still to deliver before caught up */
 };
 
 /** GET /status (§1.12). @return 0 or -ENOMEM. */

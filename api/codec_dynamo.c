@@ -586,7 +586,7 @@ int kvi_dyn_encode_status(const struct kvi_status_view *st, struct kvi_buf *out)
 {
     struct kvi_wr w;
     kvi_wr_init(&w, out, KVI_ENC_JSON);
-    kvi_wr_obj(&w, 5);
+    kvi_wr_obj(&w, st->has_nats ? 6 : 5);
     kvi_wr_keyz(&w, "ready");
     kvi_wr_bool(&w, st->ready);
     kvi_wr_keyz(&w, "reason");
@@ -620,6 +620,15 @@ int kvi_dyn_encode_status(const struct kvi_status_view *st, struct kvi_buf *out)
     kvi_wr_keyz(&w, "failed");
     kvi_wr_u64(&w, st->failed);
     kvi_wr_end(&w);
+    if (st->has_nats) {
+        kvi_wr_keyz(&w, "nats");
+        kvi_wr_obj(&w, 2);
+        kvi_wr_keyz(&w, "connected");
+        kvi_wr_bool(&w, st->nats_connected);
+        kvi_wr_keyz(&w, "pending");
+        kvi_wr_u64(&w, st->nats_pending);
+        kvi_wr_end(&w);
+    }
     kvi_wr_end(&w);
     return done(out);
 }

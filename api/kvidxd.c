@@ -30,6 +30,7 @@
 
 #include "api/routes_common.h"
 #include "api/service.h"
+#include "api/nats_args.h"
 #include "api/slot_service.h"
 #include "engine/common.h"
 #include "net/endpoint.h"
@@ -175,6 +176,7 @@ static void usage(FILE *f)
             "\n"
             "Signals: SIGTERM or SIGINT stop the daemon gracefully (exit 0 within 2 s).\n");
     kvi_slot_service_usage(f);
+    kvi_nats_args_usage(f);
 }
 
 static int parse_long(const char *flag, const char *s, long min, long max, long *out)
@@ -389,7 +391,9 @@ int main(int argc, char **argv)
         .max_models = KVI_SVC_DEFAULT_MAX_MODELS,
     };
     struct kvi_slot_service_config slot_cfg; /* the slot-tracker flags leave argv here */
-    if (kvi_slot_service_args(&argc, argv, &slot_cfg) != 0 || parse_opts(argc, argv, &o) != 0)
+    static struct kvi_nats_args nats_args; /* the --nats flags leave argv here too; outlive the service */
+    if (kvi_slot_service_args(&argc, argv, &slot_cfg) != 0 || kvi_nats_args(&argc, argv, &nats_args) != 0 ||
+        parse_opts(argc, argv, &o) != 0)
         return 2;
     enum kvi_log_level lvl;
     if (kvi_log_parse_level(o.log_level, &lvl) != 0) {
@@ -471,6 +475,7 @@ int main(int argc, char **argv)
         .recovery_timeout_ms = (uint32_t)o.recovery_timeout_ms,
         .listeners_quiet = false, /* listener lines go through kvi_log: --log-level filters them */
         .max_models = (uint32_t)o.max_models,
+        .nats = &nats_args,
     };
     struct kvi_service *svc = kvi_service_create(&sc);
     if (svc == NULL) {
@@ -590,6 +595,7 @@ out_service:
     kvi_routes_free(routes);
     curl_global_cleanup();
     free(peers_copy);
+    kvi_nats_args_free(&nats_args);
     if (exit_code == 0)
         kvi_log_info("stopped in %.0f ms", (double)(kvi_now_ns() - t0) / 1e6);
     return exit_code;

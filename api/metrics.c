@@ -510,6 +510,87 @@ static void render_misc(const struct kvi_metrics_src *src, struct kvi_buf *b)
     put_sec(b, "kvidx_recovery_duration_seconds", "", rs.duration_ms * 1000000u);
 }
 
+/* --nats: the connection, then each source (label source = its subject or stream, kind, model). */
+static void render_nats(const struct kvi_metrics_src *src, struct kvi_buf *b)
+{
+    struct kvi_nats *n = kvi_service_nats(src->svc);
+    if (n == NULL)
+        return;
+    struct kvi_nats_conn_info ci;
+    kvi_nats_conn_info(n, &ci);
+    put_help(b, "kvidx_nats_connected", "gauge", "1 while connected to a NATS server");
+    put_u64(b, "kvidx_nats_connected", "", ci.connected);
+    put_help(b, "kvidx_nats_reconnects_total", "counter", "reconnections to NATS");
+    put_u64(b, "kvidx_nats_reconnects_total", "", ci.reconnects);
+    put_help(b, "kvidx_nats_disconnects_total", "counter", "NATS connections lost");
+    put_u64(b, "kvidx_nats_disconnects_total", "", ci.disconnects);
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } f[] = {
+#define NF(field, name, type, help) {name, type, help, offsetof(struct kvi_nats_counters, field)}
+        NF(messages, "kvidx_nats_messages_total", "counter", "NATS messages received"),
+        NF(bytes, "kvidx_nats_bytes_total", "counter", "NATS payload bytes received"),
+        NF(applied, "kvidx_nats_events_applied_total", "counter", "RouterEvents handed to the writers"),
+        NF(invalid, "kvidx_nats_events_invalid_total", "counter",
+           "RouterEvents decoded but not indexable (stored at start_position > 0 without a parent)"),
+        NF(stale, "kvidx_nats_events_stale_total", "counter",
+           "RouterEvents dropped: event_id not past the last applied of their (worker, dp_rank)"),
+        NF(gaps, "kvidx_nats_gaps_total", "counter", "event_id jumps (events lost before kvidx)"),
+        NF(events_lost, "kvidx_nats_events_lost_total", "counter", "event ids skipped by gaps"),
+        NF(restarts, "kvidx_nats_publisher_restarts_total", "counter", "publishers seen starting over"),
+        NF(dropped, "kvidx_nats_slow_consumer_dropped_total", "counter",
+           "Core NATS messages the client dropped past its pending limits"),
+        NF(redelivered, "kvidx_nats_redelivered_total", "counter", "JetStream messages delivered again"),
+        NF(acked, "kvidx_nats_acked_total", "counter", "JetStream messages acked (after the writers applied them)"),
+        NF(pending, "kvidx_nats_consumer_pending", "gauge", "JetStream messages the consumer has yet to deliver"),
+        NF(consumer_errors, "kvidx_nats_consumer_errors_total", "counter",
+           "JetStream consumer set-up and fetch failures (retried)"),
+#undef NF
+    };
+    size_t ns = kvi_nats_n_sources(n);
+    struct kvi_nats_source_info *si = kvi_xmalloc(sizeof *si);
+    char l[3 * KVI_NATS_NAME_MAX + 64];
+    for (size_t k = 0; k < KVI_ARRAY_LEN(f); k++) {
+        put_help(b, f[k].name, f[k].type, f[k].help);
+        for (size_t i = 0; i < ns; i++) {
+            if (kvi_nats_source_info(n, i, si) != 0)
+                continue;
+            const _Atomic uint64_t *c = (const _Atomic uint64_t *)((const char *)si->ctr + f[k].off);
+            put_u64(b, f[k].name,
+                    lab2(l, sizeof l, "source", si->kind == KVI_NATS_CORE ? si->subject : si->stream, "model",
+                         si->label),
+                    atomic_load_explicit((_Atomic uint64_t *)c, memory_order_relaxed));
+        }
+    }
+    put_help(b, "kvidx_nats_decode_errors_total", "counter", "NATS messages dropped undecoded, by reason");
+    for (size_t i = 0; i < ns; i++) {
+        if (kvi_nats_source_info(n, i, si) != 0)
+            continue;
+        for (int e = 1; e < KVI_REV_ERR_COUNT; e++) {
+            char src_l[KVI_NATS_NAME_MAX + 32];
+            snprintf(src_l, sizeof src_l, "%s", si->kind == KVI_NATS_CORE ? si->subject : si->stream);
+            put_u64(b, "kvidx_nats_decode_errors_total",
+                    lab2(l, sizeof l, "source", src_l, "reason", kvi_router_err_name((enum kvi_rev_err)e)),
+                    atomic_load_explicit(&((struct kvi_nats_counters *)si->ctr)->decode_errors[e],
+                                         memory_order_relaxed));
+        }
+    }
+    put_help(b, "kvidx_nats_ack_latency_seconds_total", "counter",
+             "JetStream receipt-to-ack time summed over acked messages (divide by kvidx_nats_acked_total)");
+    for (size_t i = 0; i < ns; i++)
+        if (kvi_nats_source_info(n, i, si) == 0)
+            put_sec(b, "kvidx_nats_ack_latency_seconds_total",
+                    lab1(l, sizeof l, "source", si->kind == KVI_NATS_CORE ? si->subject : si->stream),
+                    atomic_load_explicit(&((struct kvi_nats_counters *)si->ctr)->ack_ns_total, memory_order_relaxed));
+    put_help(b, "kvidx_nats_workers", "gauge", "(worker_id, dp_rank) pairs a NATS source has seen");
+    for (size_t i = 0; i < ns; i++)
+        if (kvi_nats_source_info(n, i, si) == 0)
+            put_u64(b, "kvidx_nats_workers",
+                    lab1(l, sizeof l, "source", si->kind == KVI_NATS_CORE ? si->subject : si->stream), si->workers);
+    free(si);
+}
+
 int kvi_metrics_render(const struct kvi_metrics_src *src, struct kvi_buf *out)
 {
     struct kvi_listener_totals t;
@@ -522,5 +603,6 @@ int kvi_metrics_render(const struct kvi_metrics_src *src, struct kvi_buf *out)
     render_memory(out);
     render_queries(src, out);
     render_misc(src, out);
+    render_nats(src, out);
     return kvi_buf_ok(out) ? 0 : -ENOMEM;
 }

@@ -254,6 +254,7 @@ void kvi_service_destroy(struct kvi_service *svc)
         free(c->arg);
         free(c);
     }
+    kvi_svc__nats_stop(svc); /* its sources submit to the writers */
     if (svc->listeners)
         kvi_listeners_destroy(svc->listeners);
     if (svc->writers)
@@ -371,6 +372,16 @@ void kvi_service_status(struct kvi_service *svc, struct kvi_status_view *out)
         reason = "listeners_failed";
     else if (out->pending > 0 || !atomic_load(&svc->gate_open))
         reason = "listeners_pending"; /* (the gate opens once startup has registered --workers) */
+    struct kvi_nats *n = kvi_service_nats(svc);
+    if (n != NULL) {
+        out->has_nats = true;
+        struct kvi_nats_conn_info ci;
+        kvi_nats_conn_info(n, &ci);
+        out->nats_connected = ci.connected;
+        bool caught_up = kvi_nats_ready(n, &out->nats_pending);
+        if (!caught_up && strcmp(reason, "ready") == 0)
+            reason = "nats_catching_up";
+    }
     out->reason = reason;
     out->ready = strcmp(reason, "ready") == 0;
 }
@@ -452,6 +463,9 @@ static void svc_startup(struct kvi_service *svc, void *arg)
         kvi_svc__maybe_open_gate(svc);
         atomic_store(&svc->recovery_result, (int)res);
     }
+    /* NATS sources after recovery: a stream source rebuilds from its stream, over what a peer gave */
+    if (!kvi_service_stopping(svc))
+        kvi_svc__nats_start(svc);
     if (svc->cfg.min_initial_workers > 0 && atomic_load(&svc->registered) < svc->cfg.min_initial_workers)
         kvi_log_info("waiting for %" PRIu64 " initial instance(s) to register (DYN_ROUTER_MIN_INITIAL_WORKERS)",
                      svc->cfg.min_initial_workers);

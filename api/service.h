@@ -93,6 +93,9 @@
 #include "engine/writer.h"
 #include "net/endpoint.h"
 #include "net/listener.h"
+#include "net/nats_source.h"
+
+struct kvi_nats_args;
 
 /** At most this many /dump requests are served at once (one dump thread each). */
 #define KVI_SVC_DUMP_THREADS 4
@@ -124,6 +127,9 @@ struct kvi_service_config {
     /* --max-models: namespaces (model x tenant) that may exist; a registration past it is
      * refused (429), so clients cannot grow the index without bound; 0 = KVI_SVC_DEFAULT_MAX_MODELS */
     uint32_t max_models;
+    /* --nats: the plane's connection and sources (api/nats_args.h); NULL or servers NULL = none.
+     * Not copied: it must outlive the service. */
+    const struct kvi_nats_args *nats;
 };
 
 struct kvi_service;
@@ -254,6 +260,8 @@ void kvi_service_counts(struct kvi_service *svc, struct kvi_service_counts *out)
 /** The pools, for /metrics (their stats calls are any-thread). */
 struct kvi_listeners *kvi_service_listeners(const struct kvi_service *svc);
 struct kvi_writer_pool *kvi_service_writers(const struct kvi_service *svc);
+/** The NATS plane, or NULL (no --nats, or not started yet). Any thread. */
+struct kvi_nats *kvi_service_nats(const struct kvi_service *svc);
 
 /* ---- /dump: dump threads -------------------------------------------------------------- */
 

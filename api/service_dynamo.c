@@ -261,8 +261,12 @@ int kvi_service_ctl_dyn_unregister(struct kvi_service *svc, const struct kvi_dyn
                                    struct kvi_api_err *err)
 {
     struct svc_worker *w = worker_find(svc, r->instance_id);
-    if (w == NULL)
+    if (w == NULL) {
+        /* a worker that came with its events over NATS (api/service_nats.c) */
+        if (kvi_svc__nats_unregister(svc, r->instance_id, r->model_name, r->tenant_id, r->has_tenant) == 0)
+            return 0;
         return kvi_dyn_err_instance_not_found(err, r->instance_id);
+    }
     if (!kvi_str_eq(r->model_name, w->ns->model) || (r->has_tenant && !kvi_str_eq(r->tenant_id, w->ns->tenant)))
         return kvi_dyn_err_instance_other_ns(err, r->instance_id, zstr(w->ns->model), zstr(w->ns->tenant));
     if (r->has_tenant && r->has_dp_rank) {
@@ -356,6 +360,14 @@ int kvi_service_encode_workers(struct kvi_service *svc, const struct kvi_dyn_wor
         v[n++] = (struct kvi_worker_view){w->id, w->ns->model, w->ns->tenant, w->ns->block_size, NULL, lv,
                                           w->n_ranks};
     }
+    struct kvi_worker_view *nv = NULL;
+    size_t nn = kvi_svc__nats_worker_views(svc, f, &s, &nv);
+    if (nn > 0) {
+        v = kvi_xrealloc(v, (n + nn) * sizeof *v);
+        memcpy(v + n, nv, nn * sizeof *v);
+        n += nn;
+    }
+    free(nv);
     int rc = kvi_dyn_encode_workers(v, n, out);
     pthread_mutex_unlock(&svc->mu);
     free(v);

@@ -145,6 +145,12 @@ struct kvi_service {
     } *rwm;
     size_t n_rwm, cap_rwm;
 
+    /* --nats (api/service_nats.c): the plane, published by the control thread (N1), and the
+     * namespaces its sources feed (each holds a reference; written before the plane is published) */
+    struct kvi_nats *_Atomic nats;
+    struct kvi_ns **nats_ns;
+    size_t n_nats_ns;
+
     /* readiness (api/service.c) */
     _Atomic bool recovery_running;
     _Atomic int recovery_result;
@@ -287,5 +293,25 @@ void kvi_svc__dyn_roster_update(struct kvi_service *svc, struct kvi_ns *ns);
 /** Wait for one grace period, then free what was retired; no wait when nothing was. Control thread
  * (outside a read section), or destroy with no reader left. */
 void kvi_svc__reclaim(struct kvi_service *svc);
+
+/* ---- NATS sources (api/service_nats.c) ----------------------------------------------------- */
+
+/** Start the NATS plane and its sources (--nats); no-op without. Control thread, at startup. */
+void kvi_svc__nats_start(struct kvi_service *svc);
+/** Stop and free the plane (before the writer pool goes). Main, at destroy. */
+void kvi_svc__nats_stop(struct kvi_service *svc);
+/**
+ * /unregister of an instance no registration knows: drop NATS worker @p id of the namespaces
+ * (model[, tenant]) its sources feed. @return 0, or -ENOENT when no source knows it. Control thread.
+ */
+int kvi_svc__nats_unregister(struct kvi_service *svc, uint64_t id, struct kvi_str model, struct kvi_str tenant,
+                             bool has_tenant);
+/**
+ * The NATS workers as /workers views (source "nats", one listener per dp rank whose endpoint is the
+ * subject or stream), filtered by @p f; strings and listener arrays in @p s, the array malloc'd
+ * (*out, free it). @return how many. Any thread.
+ */
+size_t kvi_svc__nats_worker_views(struct kvi_service *svc, const struct kvi_dyn_workers_filter *f,
+                                  struct kvi_scratch *s, struct kvi_worker_view **out);
 
 #endif

@@ -124,6 +124,7 @@ enum kvi_ev_family {
     KVI_EVF_ARRAY = 0,   /* tagged array */
     KVI_EVF_MAP = 1,     /* tagged map: vLLM map form, SGLang, Dynamo dict */
     KVI_EVF_RFC1527 = 2, /* standardized event_type/seq_hashes map */
+    KVI_EVF_ROUTER = 3,  /* a Dynamo RouterEvent (net/decode_router.h, built by net/nats_source.c) */
 };
 
 /** What the event said about token ids. */
@@ -152,6 +153,9 @@ struct kvi_ev {
     uint64_t parent_hash;  /* normalised (valid if has_parent) */
     const uint64_t *hashes;/* n_hashes normalised hashes */
     const uint32_t *tokens;/* n_tokens token ids (flattened pairs for KVI_TOK_PAIRS) */
+    /* n_hashes content hashes given by the publisher (a Dynamo RouterEvent's
+     * tokens_hash), or NULL: the ZMQ decoder never sets it */
+    const uint64_t *content;
     /* Per-block multimodal hashes from extra_keys / block_mm_infos: block i
      * has mm[mm_off[i] .. mm_off[i+1]); mm_off is NULL when no block has any. */
     const uint64_t *mm;

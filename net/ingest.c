@@ -299,6 +299,32 @@ static void ingest_store_tokens(struct kvi_ingest_target *t, struct kvi_producer
     ops_push(t, p, op);
 }
 
+/* A store whose content hashes the publisher gave (Dynamo RouterEvent
+ * tokens_hash): no tokens to cut. A run without a parent starts at position
+ * 0; one that says it starts deeper (start_position > 0) cannot be placed
+ * without seq hashes and is counted invalid. */
+static void ingest_store_content(struct kvi_ingest_target *t, struct kvi_producer *p, const struct kvi_ev *ev,
+                                 uint32_t instance, uint32_t dp_rank)
+{
+    if (!ev->has_parent && ev->has_base_idx && ev->base_block_idx > 0) {
+        CTR_ADD(t, events_invalid, 1);
+        ingest_warn(t, "stored event at start_position %u without a parent: %u blocks not stored",
+                    ev->base_block_idx, ev->n_hashes);
+        return;
+    }
+    uint32_t n = ev->n_hashes;
+    struct kvi_op *op = op_new(KVI_OP_STORE, instance, dp_rank, n, false);
+    op->tier = ev->tier;
+    op->has_parent = ev->has_parent;
+    op->parent_engine_hash = ev->has_parent ? ev->parent_hash : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        op->blocks[i].engine_hash = ev->hashes[i];
+        op->blocks[i].content_hash = ev->content[i];
+    }
+    CTR_ADD(t, blocks_submitted, n);
+    ops_push(t, p, op);
+}
+
 /* Token-less engine store (offload placeholder): resolve by engine hash. */
 static void ingest_store_known(struct kvi_ingest_target *t, struct kvi_producer *p, const struct kvi_ev *ev,
                                uint32_t instance, uint32_t dp_rank)
@@ -392,7 +418,9 @@ static void ingest_event(struct kvi_ingest_target *t, struct kvi_producer *p, co
             ingest_warn(t, "cannot intern backend_id (error %d): event skipped", (int)-inst);
             return;
         }
-        if (tokens_usable(ev))
+        if (ev->content != NULL)
+            ingest_store_content(t, p, ev, (uint32_t)inst, dp_rank);
+        else if (tokens_usable(ev))
             ingest_store_tokens(t, p, ev, (uint32_t)inst, dp_rank);
         else if (rfc)
             ingest_store_seq_only(t, p, ev, (uint32_t)inst, dp_rank);

@@ -31,6 +31,13 @@
  *   Tiers come from `medium` (external folds into disk inside the engine's
  *   tier walks); an unknown medium is indexed as gpu and counted.
  *
+ * DYNAMO ROUTEREVENTS (family KVI_EVF_ROUTER: NATS sources, net/nats_source.h)
+ *   A stored event carries its content hashes (`content`, the RouterEvent's
+ *   tokens_hash, kvidx's own content hash): stored as they are (KVI_OP_STORE
+ *   under the parent), without tokens; a run without a parent whose
+ *   start_position is past 0 cannot be placed (no seq hashes) and is counted
+ *   invalid. Removed and cleared as above.
+ *
  * RFC 1527 EVENTS (family KVI_EVF_RFC1527: Mooncake master, standard publishers)
  *   The hashes are the publisher's rolling sequence hashes and are used as
  *   the blocks' engine hashes. backend_id names a shared storage pool: the

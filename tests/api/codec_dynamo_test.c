@@ -882,19 +882,29 @@ static void test_workers_status_misc(void **state)
     assert_out(&b, "[]");
 
     kvi_buf_reset(&b);
-    struct kvi_status_view st = {false, "waiting_for_min_initial_workers", false, false, NULL, 2, 1, 1, 0, 0, 0};
+    struct kvi_status_view st = {false, "waiting_for_min_initial_workers", false, false, NULL, 2, 1, 1, 0, 0, 0,
+                                  false, false, 0};
     assert_int_equal(kvi_dyn_encode_status(&st, &b), 0);
     assert_out(&b, "{\"ready\":false,\"reason\":\"waiting_for_min_initial_workers\","
                    "\"recovery\":{\"enabled\":false,\"in_progress\":false},"
                    "\"workers\":{\"required_initial\":2,\"registered\":1},"
                    "\"listeners\":{\"pending\":1,\"active\":0,\"paused\":0,\"failed\":0}}");
     kvi_buf_reset(&b);
-    struct kvi_status_view st2 = {true, "ready", true, false, "succeeded", 0, 3, 0, 3, 0, 0};
+    struct kvi_status_view st2 = {true, "ready", true, false, "succeeded", 0, 3, 0, 3, 0, 0, false, false, 0};
     assert_int_equal(kvi_dyn_encode_status(&st2, &b), 0);
     assert_out(&b, "{\"ready\":true,\"reason\":\"ready\","
                    "\"recovery\":{\"enabled\":true,\"in_progress\":false,\"last_result\":\"succeeded\"},"
                    "\"workers\":{\"required_initial\":0,\"registered\":3},"
                    "\"listeners\":{\"pending\":0,\"active\":3,\"paused\":0,\"failed\":0}}");
+    /* with --nats: the connection and the stream messages still to deliver */
+    kvi_buf_reset(&b);
+    struct kvi_status_view st3 = {false, "nats_catching_up", false, false, NULL, 0, 0, 0, 0, 0, 0, true, true, 42};
+    assert_int_equal(kvi_dyn_encode_status(&st3, &b), 0);
+    assert_out(&b, "{\"ready\":false,\"reason\":\"nats_catching_up\","
+                   "\"recovery\":{\"enabled\":false,\"in_progress\":false},"
+                   "\"workers\":{\"required_initial\":0,\"registered\":0},"
+                   "\"listeners\":{\"pending\":0,\"active\":0,\"paused\":0,\"failed\":0},"
+                   "\"nats\":{\"connected\":true,\"pending\":42}}");
 
     kvi_buf_reset(&b);
     assert_int_equal(kvi_dyn_encode_ready(true, "ready", &b), 0);

@@ -1,0 +1,180 @@
+/*
+ * The service's NATS plane (--nats: api/nats_args.h, net/nats_source.h):
+ * started by the control thread once startup (--workers, P2P recovery) is
+ * over, each source bound to the namespace it names (which it keeps alive
+ * with a reference); its workers listed by /workers and dropped by
+ * /unregister like registered ones; /ready waits for the stream sources to
+ * catch up.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/nats_args.h"
+#include "api/service_internal.h"
+#include "net/log.h"
+
+void kvi_svc__nats_start(struct kvi_service *svc)
+{
+    const struct kvi_nats_args *a = svc->cfg.nats;
+    if (a == NULL || a->conn.servers == NULL)
+        return;
+    struct kvi_nats_config c = a->conn;
+    c.writers = svc->writers;
+    c.name = "kvidx";
+    struct kvi_nats *n = kvi_nats_create(&c);
+    if (n == NULL) {
+        kvi_log_error("nats: cannot start the NATS plane (%s): no NATS source runs", strerror(errno));
+        return;
+    }
+    svc->nats_ns = kvi_xcalloc(a->n_sources ? a->n_sources : 1, sizeof *svc->nats_ns);
+    for (size_t i = 0; i < a->n_sources; i++) {
+        const struct kvi_nats_source_arg *s = &a->sources[i];
+        bool created;
+        struct kvi_ns *ns = kvi_svc__ns_get(svc, s->model, s->tenant, s->block_size, &created);
+        if (ns == NULL) {
+            kvi_log_error("nats: source %s: no index for %s:%s (%s)", s->subject ? s->subject : s->stream, s->model,
+                          s->tenant, strerror(errno));
+            continue;
+        }
+        if (ns->block_size != s->block_size)
+            kvi_log_warn("nats: source %s: %s:%s exists with block size %" PRIu32 ", not %" PRIu32 ": its own is used",
+                         s->subject ? s->subject : s->stream, s->model, s->tenant, ns->block_size, s->block_size);
+        kvi_svc__ns_ref(svc, ns, +1);
+        svc->nats_ns[svc->n_nats_ns++] = ns;
+        char label[KVI_NATS_NAME_MAX];
+        snprintf(label, sizeof label, "%s:%s", ns->model, ns->tenant);
+        struct kvi_nats_source_spec spec = {
+            .kind = s->kind,
+            .subject = s->subject,
+            .stream = s->stream,
+            .ix = ns->ix,
+            .block_size = ns->block_size,
+            .label = label,
+        };
+        int rc = kvi_nats_add_source(n, &spec);
+        if (rc < 0)
+            kvi_log_error("nats: source %s: %s", s->subject ? s->subject : s->stream, strerror(-rc));
+    }
+    atomic_store_explicit(&svc->nats, n, memory_order_release); /* N1: pairs with kvi_service_nats */
+}
+
+void kvi_svc__nats_stop(struct kvi_service *svc)
+{
+    struct kvi_nats *n = atomic_exchange(&svc->nats, NULL);
+    kvi_nats_destroy(n);
+    free(svc->nats_ns); /* (the namespaces go with the registry) */
+    svc->nats_ns = NULL;
+    svc->n_nats_ns = 0;
+}
+
+struct kvi_nats *kvi_service_nats(const struct kvi_service *svc)
+{
+    return atomic_load_explicit(&((struct kvi_service *)svc)->nats, memory_order_acquire); /* N1 */
+}
+
+/* The namespace a source feeds, by index. */
+static const struct kvi_ns *ns_of(const struct kvi_service *svc, const struct kvi_index *ix)
+{
+    for (size_t i = 0; i < svc->n_nats_ns; i++)
+        if (svc->nats_ns[i]->ix == ix)
+            return svc->nats_ns[i];
+    return NULL;
+}
+
+int kvi_svc__nats_unregister(struct kvi_service *svc, uint64_t id, struct kvi_str model, struct kvi_str tenant,
+                             bool has_tenant)
+{
+    struct kvi_nats *n = kvi_service_nats(svc);
+    if (n == NULL)
+        return -ENOENT;
+    int rc = -ENOENT;
+    for (size_t i = 0; i < svc->n_nats_ns; i++) {
+        const struct kvi_ns *ns = svc->nats_ns[i];
+        if (!kvi_str_eq(model, ns->model) || (has_tenant && !kvi_str_eq(tenant, ns->tenant)))
+            continue;
+        bool seen = false; /* one call per index (two sources may feed one) */
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = svc->nats_ns[j] == ns;
+        if (!seen && kvi_nats_forget_worker(n, ns->ix, id) == 0) {
+            kvi_log_info("unregistered NATS worker %" PRIu64 " of %s:%s (its blocks dropped)", id, ns->model,
+                         ns->tenant);
+            rc = 0;
+        }
+    }
+    return rc;
+}
+
+/* ---- /workers ---------------------------------------------------------------------------------- */
+
+struct nats_collect {
+    const struct kvi_service *svc;
+    const struct kvi_dyn_workers_filter *f;
+    struct kvi_scratch *s;
+    struct kvi_worker_view *v;
+    size_t n, cap;
+    bool connected;
+    bool oom;
+};
+
+static void collect(void *ctx, const struct kvi_nats_worker_view *w)
+{
+    struct nats_collect *c = ctx;
+    const struct kvi_ns *ns = ns_of(c->svc, w->ix);
+    if (ns == NULL || c->oom)
+        return;
+    if (c->f != NULL && c->f->has_model && !kvi_str_eq(c->f->model_name, ns->model))
+        return;
+    if (c->f != NULL && c->f->has_tenant && !kvi_str_eq(c->f->tenant_id, ns->tenant))
+        return;
+    struct kvi_worker_view *x = NULL;
+    for (size_t i = 0; i < c->n && x == NULL; i++)
+        if (c->v[i].instance_id == w->worker_id && c->v[i].model_name == ns->model &&
+            c->v[i].tenant_id == ns->tenant)
+            x = &c->v[i];
+    if (x == NULL) {
+        if (c->n == c->cap) {
+            c->cap = c->cap ? 2 * c->cap : 16;
+            c->v = kvi_xrealloc(c->v, c->cap * sizeof *c->v);
+        }
+        x = &c->v[c->n++];
+        *x = (struct kvi_worker_view){w->worker_id, ns->model, ns->tenant, ns->block_size, "nats", NULL, 0};
+    }
+    /* listeners grow by one (scratch: a copy per rank, old arrays left to the scratch) */
+    struct kvi_listener_view *lv = kvi_scratch_alloc(c->s, (x->n_listeners + 1) * sizeof *lv);
+    char *ep = kvi_scratch_strdup(c->s, w->subject, strlen(w->subject));
+    if (lv == NULL || ep == NULL) {
+        c->oom = true;
+        return;
+    }
+    if (x->n_listeners > 0)
+        memcpy(lv, x->listeners, x->n_listeners * sizeof *lv);
+    lv[x->n_listeners] = (struct kvi_listener_view){
+        .dp_rank = w->dp_rank,
+        .endpoint = ep,
+        .status = KVI_LS_ACTIVE,
+        .has_liveness = true,
+        .messages = w->events,
+        .has_last_message = w->events > 0,
+        .seconds_since_last_message = w->age_ns / 1000000000u,
+        .connected = c->connected ? 1 : 0,
+    };
+    x->listeners = lv;
+    x->n_listeners++;
+}
+
+size_t kvi_svc__nats_worker_views(struct kvi_service *svc, const struct kvi_dyn_workers_filter *f,
+                                  struct kvi_scratch *s, struct kvi_worker_view **out)
+{
+    *out = NULL;
+    struct kvi_nats *n = kvi_service_nats(svc);
+    if (n == NULL)
+        return 0;
+    struct kvi_nats_conn_info ci;
+    kvi_nats_conn_info(n, &ci);
+    struct nats_collect c = {.svc = svc, .f = f, .s = s, .connected = ci.connected};
+    kvi_nats_foreach_worker(n, collect, &c);
+    *out = c.v;
+    return c.n;
+}

@@ -1,0 +1,42 @@
+/*
+ * The NATS connection of a plane (net/nats_source.h, CONNECTION): libnats
+ * options from a struct kvi_nats_config, a connect that is retried forever
+ * in the background, and the connection's state and counters, kept by
+ * libnats' callbacks. Internal to net/nats_*.c.
+ *
+ * THREADS: open and close on the control plane; the callbacks run on
+ * libnats' threads and only touch the atomics below; readers load them
+ * relaxed.
+ */
+#ifndef KVI_NET_NATS_CONN_H
+#define KVI_NET_NATS_CONN_H
+
+#include <nats/nats.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "net/nats_source.h"
+
+struct kvi_nats_conn {
+    natsConnection *nc;
+    uint32_t reconnect_wait_ms;
+    _Atomic bool connected;
+    _Atomic uint64_t reconnects;
+    _Atomic uint64_t disconnects;
+};
+
+/**
+ * Connect @p c per @p cfg: returns at once when no server answers yet
+ * (libnats keeps trying). @return 0, -EINVAL (a URL or option libnats
+ * rejects: logged), -ENOMEM, -EIO (logged).
+ */
+int kvi_nats_conn_open(struct kvi_nats_conn *c, const struct kvi_nats_config *cfg);
+
+/** Close and free the connection (NULL connection: no-op). */
+void kvi_nats_conn_close(struct kvi_nats_conn *c);
+
+/** Connection state into @p out. Any thread. */
+void kvi_nats_conn_read(struct kvi_nats_conn *c, struct kvi_nats_conn_info *out);
+
+#endif
