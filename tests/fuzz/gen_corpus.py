@@ -22,6 +22,8 @@ layout is described at the top of its tests/fuzz/fuzz_<target>.c:
             pub_applied) then a decode seed: each decoder fixture twice, on a
             fresh target whose block size its events use (a Mooncake-style
             target for RFC 1527 events) and on another target and options
+  router    a NATS message payload: Dynamo RouterEvents of every variant as
+            JSON, bare msgpack and in the Core NATS envelope, and a few bad ones
 
 Findings are not written here: they go to tests/fuzz/regressions/<target>/
 (see tests/README.md, "Fuzzing"). Usage:
@@ -403,10 +405,39 @@ def ingest_seeds():
 
 
 # ---------------------------------------------------------------------------
+# router: Dynamo RouterEvents (net/decode_router.h) as JSON, bare msgpack
+# and inside the Core NATS envelope
+# ---------------------------------------------------------------------------
+
+def router_seeds():
+    evs = [
+        ev(7587890123456789, "device", 41, 0, stored(None, None, [blk(17165273213457520511, 4521880293847513337)])),
+        ev(2**64 - 1, "host_pinned", 2**64 - 2, 3, stored(9223372036854775808, 7,
+                                                          [blk(1, 2), blk(3, 4)])),
+        ev(7, "disk", 3, 2, {"removed": {"block_hashes": [17165273213457520511, 0, 5]}}),
+        ev(7, "external", 4, 1, "cleared"),
+        ev(-2, None, 0, None, {"cleared": None}),
+        ev(1, "hbm", 1, 0, stored(1, None, [{"block_hash": 1, "tokens_hash": 2,
+                                             "mm_extra_info": {"mm_objects": [{"mm_hash": 5}]}}])),
+    ]
+    seeds = {}
+    for i, e in enumerate(evs):
+        seeds["json_%02d" % i] = js(e)
+        seeds["msgpack_%02d" % i] = mp(e)
+        seeds["envelope_%02d" % i] = mp({"publisher_id": 2**63 + i, "sequence": i, "published_at": 1767225600123,
+                                         "topic": "kv-events", "payload": mp(e)})
+    seeds["bad_variant"] = js(ev(1, "device", 1, 0, {"moved": {}}))
+    seeds["bad_no_tokens_hash"] = js(ev(1, "device", 1, 0, stored(None, None, [{"block_hash": 1}])))
+    seeds["bad_envelope"] = mp({"topic": "kv-events", "payload": b"{"})
+    return seeds
+
+
+# ---------------------------------------------------------------------------
 
 def all_seeds():
     out = {"decode": {}, "codec": codec_seeds(), "slots": slots_seeds(),
-           "endpoint": endpoint_seeds(), "dump": dump_seeds(), "ingest": ingest_seeds()}
+           "endpoint": endpoint_seeds(), "dump": dump_seeds(), "ingest": ingest_seeds(),
+           "router": router_seeds()}
     for path in sorted(glob.glob(os.path.join(ROOT, "tests", "net", "fixtures", "decode", "*.bin"))):
         with open(path, "rb") as f:
             out["decode"][os.path.basename(path)[:-4]] = f.read()
