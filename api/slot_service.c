@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 #include "api/codec_slots.h"
+#include "api/route_route.h"
+#include "api/routes_slots.h"
 #include "engine/common.h"
 #include "engine/rcu.h"
 #include "net/http_client.h"

@@ -263,31 +263,4 @@ void kvi_slot_service_stats(const struct kvi_slot_service *s, struct kvi_slot_se
 /** Count an answered /route (@p committed: an /add was recorded). Any thread. */
 void kvi_slot_service_count_route(struct kvi_slot_service *s, bool committed);
 
-/* ---- api/routes_slots.c (the slot port's handlers) ------------------------------------------- */
-
-struct kvi_slot_routes;
-
-/** Per-thread scratch of the slot port for @p n_threads loop threads. Never NULL. */
-struct kvi_slot_routes *kvi_slot_routes_create(struct kvi_slot_service *s, unsigned n_threads, size_t body_limit,
-                                               bool test_endpoints);
-/** kvi_http_options.thread_init / thread_fini hooks (ud = the routes). */
-void *kvi_slot_routes_thread_init(unsigned thread, void *ud);
-void kvi_slot_routes_thread_fini(unsigned thread, void *thread_ctx, void *ud);
-/** Mount every slot route on @p srv. @return 0 or a negative errno. */
-int kvi_slot_routes_mount(struct kvi_slot_routes *rt, struct kvi_http_server *srv);
-/** Free (after the server). NULL is a no-op. */
-void kvi_slot_routes_free(struct kvi_slot_routes *rt);
-
-/* ---- api/route_route.c (POST /route on the indexer port) ------------------------------------- */
-
-struct kvi_route_route;
-
-/** /route state for an indexer port with @p n_threads loop threads. Never NULL. */
-struct kvi_route_route *kvi_route_route_create(struct kvi_slot_service *s, struct kvi_service *svc,
-                                               unsigned n_threads);
-/** Mount POST /route. @return 0 or a negative errno. */
-int kvi_route_route_mount(struct kvi_route_route *rr, struct kvi_http_server *srv, size_t body_limit);
-/** Free (after the indexer server). NULL is a no-op. */
-void kvi_route_route_free(struct kvi_route_route *rr);
-
 #endif
