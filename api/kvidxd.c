@@ -637,7 +637,7 @@ int main(int argc, char **argv)
         _exit(0);
     }
 out_server:
-    kvi_http_server_free(srv);
+    kvi_http_server_free(srv); /* first: it starts only after the slot service, so no job of its is left */
     if (slot_srv != NULL)
         kvi_http_server_stop(slot_srv); /* (stopped already unless startup failed) */
     kvi_slot_service_free(slots); /* stops it; jobs never run answer 503 before the slot port is freed */
