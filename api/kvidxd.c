@@ -5,13 +5,22 @@
  * DESIGN
  *   main parses the command line, blocks SIGTERM / SIGINT (every thread
  *   inherits the mask), creates the service (writer and listener pools),
- *   binds and starts HTTP first (newer Dynamo order: /health answers at once,
- *   /ready reports progress), then starts the service's control thread,
- *   which registers --workers, runs P2P recovery and opens the ready gate.
- *   main then waits in sigwait(). On a signal: the service is told to stop
- *   (recovery is cut short), HTTP stops accepting and lets in-flight requests
- *   finish (1.5 s grace), the control thread completes what is queued, the
- *   pools are torn down, and the process exits 0 (within 2 s).
+ *   its route table and the HTTP server (bound at once) as siblings, mounts
+ *   the routes, and assembles the slot tracker the same way: its service
+ *   (api/slot_service.h), its route table (api/routes_slots.h) and its own
+ *   server on the slot port (--slot-port; the same TLS, tokens, timeouts and
+ *   HTTP abuse limits as the indexer port), plus POST /route
+ *   (api/route_route.h) on the indexer port. It starts HTTP first (newer
+ *   Dynamo order: /health answers at once, /ready reports progress): the
+ *   slot port, then the slot service's threads, then the indexer port; then
+ *   the service's control thread, which registers --workers, runs P2P
+ *   recovery and opens the ready gate. main then waits in sigwait(). On a
+ *   signal: the service is told to stop (recovery is cut short), both ports
+ *   stop accepting and let in-flight requests finish (1.5 s grace on the
+ *   indexer port, 250 ms on the slot port), the slot service's mutation
+ *   thread completes what is queued (deferred answers of both ports), the
+ *   control thread completes what is queued, the pools are torn down, and
+ *   the process exits 0 (within 2 s).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -28,9 +37,11 @@
 
 #include <curl/curl.h>
 
+#include "api/route_route.h"
 #include "api/routes_common.h"
-#include "api/service.h"
+#include "api/routes_slots.h"
 #include "api/nats_args.h"
+#include "api/service.h"
 #include "api/slot_service.h"
 #include "engine/common.h"
 #include "net/endpoint.h"
@@ -68,6 +79,7 @@ const char *malloc_conf = "background_thread:true";
 #define DEFAULT_HTTP_THREADS 2
 #define MAX_WORKERS 4096
 #define MAX_PEERS 64
+#define SLOT_GRACE_MS 250 /* slot port shutdown grace: its requests are short */
 
 struct opts {
     const char *host;
@@ -368,6 +380,35 @@ static int write_port_file(const char *path, uint16_t port)
     return 0;
 }
 
+/*
+ * The HTTP options both ports share: bind address, body limit, TLS (the slot
+ * port's bearer tokens must not travel in clear either), tokens, protected
+ * mode, timeouts and the abuse limits (-1: the HTTP layer's defaults).
+ */
+static void http_options_shared(const struct opts *o, struct kvi_http_options *ho)
+{
+    kvi_http_options_init(ho);
+    ho->host = o->host;
+    ho->body_limit = (size_t)o->body_limit;
+    ho->tls_cert_file = o->tls_cert;
+    ho->tls_key_file = o->tls_key;
+    ho->admin_token = o->admin_token && o->admin_token[0] ? o->admin_token : NULL;
+    /* protected mode: without a token, topology changes come from this host only */
+    ho->admin_loopback_only = !o->allow_remote_admin;
+    ho->admin_hint = "start kvidxd with --admin-token (and send it) or --allow-remote-admin";
+    ho->data_token = o->data_token && o->data_token[0] ? o->data_token : NULL;
+    ho->idle_timeout_ms = (unsigned)o->idle_timeout_ms;
+    ho->max_connections = (unsigned)o->max_connections;
+    if (o->max_conns_per_addr >= 0)
+        ho->max_conns_per_addr = (unsigned)o->max_conns_per_addr;
+    if (o->h2_max_resets >= 0)
+        ho->h2_max_resets = (unsigned)o->h2_max_resets;
+    if (o->conn_output_limit >= 0)
+        ho->conn_output_limit = (size_t)o->conn_output_limit;
+    if (o->output_limit >= 0)
+        ho->output_limit = (size_t)o->output_limit;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o = {
@@ -391,9 +432,10 @@ int main(int argc, char **argv)
         .max_models = KVI_SVC_DEFAULT_MAX_MODELS,
     };
     struct kvi_slot_service_config slot_cfg; /* the slot-tracker flags leave argv here */
+    struct kvi_slot_port_flags slot_port;
     static struct kvi_nats_args nats_args; /* the --nats flags leave argv here too; outlive the service */
-    if (kvi_slot_service_args(&argc, argv, &slot_cfg) != 0 || kvi_nats_args(&argc, argv, &nats_args) != 0 ||
-        parse_opts(argc, argv, &o) != 0)
+    if (kvi_slot_service_args(&argc, argv, &slot_cfg, &slot_port) != 0 ||
+        kvi_nats_args(&argc, argv, &nats_args) != 0 || parse_opts(argc, argv, &o) != 0)
         return 2;
     enum kvi_log_level lvl;
     if (kvi_log_parse_level(o.log_level, &lvl) != 0) {
@@ -491,34 +533,18 @@ int main(int argc, char **argv)
     };
     struct kvi_routes *routes = kvi_routes_create(svc, &rc_cfg, (unsigned)o.http_threads);
     struct kvi_http_options ho;
-    kvi_http_options_init(&ho);
-    ho.host = o.host;
+    http_options_shared(&o, &ho);
     ho.port = (uint16_t)o.port;
     ho.threads = (unsigned)o.http_threads;
-    ho.body_limit = (size_t)o.body_limit;
-    ho.tls_cert_file = o.tls_cert;
-    ho.tls_key_file = o.tls_key;
-    ho.admin_token = o.admin_token && o.admin_token[0] ? o.admin_token : NULL;
-    /* protected mode: without a token, topology changes come from this host only */
-    ho.admin_loopback_only = !o.allow_remote_admin;
-    ho.admin_hint = "start kvidxd with --admin-token (and send it) or --allow-remote-admin";
-    ho.data_token = o.data_token && o.data_token[0] ? o.data_token : NULL;
-    ho.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
-    ho.max_connections = (unsigned)o.max_connections;
-    if (o.max_conns_per_addr >= 0)
-        ho.max_conns_per_addr = (unsigned)o.max_conns_per_addr;
-    if (o.h2_max_resets >= 0)
-        ho.h2_max_resets = (unsigned)o.h2_max_resets;
-    if (o.conn_output_limit >= 0)
-        ho.conn_output_limit = (size_t)o.conn_output_limit;
-    if (o.output_limit >= 0)
-        ho.output_limit = (size_t)o.output_limit;
     ho.thread_init = kvi_routes_thread_init;
     ho.thread_fini = kvi_routes_thread_fini;
     ho.thread_ud = routes;
     struct kvi_http_server *srv = kvi_http_server_create(&ho);
     int exit_code = 0, rc, sig = 0;
     struct kvi_slot_service *slots = NULL;
+    struct kvi_slot_routes *slot_routes = NULL;
+    struct kvi_http_server *slot_srv = NULL; /* NULL: no slot port */
+    struct kvi_route_route *rr = NULL;
     uint64_t t0 = 0;
     if (srv == NULL) {
         kvi_log_error("cannot listen on %s:%ld: %s", o.host, o.port, strerror(errno));
@@ -526,27 +552,53 @@ int main(int argc, char **argv)
         goto out_service;
     }
     rc = kvi_routes_mount(routes, srv);
-    slot_cfg.host = o.host;
-    slot_cfg.http_threads = slot_cfg.http_threads ? slot_cfg.http_threads : (unsigned)o.http_threads;
-    slot_cfg.body_limit = (size_t)o.body_limit;
+
+    /* The slot tracker: service, route table and slot port, as the indexer's above. */
     slot_cfg.admin_token = ho.admin_token;
-    slot_cfg.admin_loopback_only = ho.admin_loopback_only;
     slot_cfg.data_token = ho.data_token;
-    slot_cfg.tls_cert = o.tls_cert; /* both ports: the slot port's bearer tokens must not travel in clear */
-    slot_cfg.tls_key = o.tls_key;
-    slot_cfg.idle_timeout_ms = (unsigned)o.idle_timeout_ms;
-    slot_cfg.max_connections = (unsigned)o.max_connections;
-    slot_cfg.max_conns_per_addr = ho.max_conns_per_addr; /* the same abuse limits on both ports */
-    slot_cfg.h2_max_resets = ho.h2_max_resets;
-    slot_cfg.conn_output_limit = ho.conn_output_limit;
-    slot_cfg.output_limit = ho.output_limit;
-    slot_cfg.test_endpoints = test_endpoints;
     if (rc == 0 && (slots = kvi_slot_service_create(&slot_cfg)) == NULL)
         rc = -errno;
+    unsigned slot_threads = slot_port.http_threads ? slot_port.http_threads : (unsigned)o.http_threads;
+    if (rc == 0 && slot_port.port != KVI_SLOT_PORT_OFF) {
+        slot_routes = kvi_slot_routes_create(slots, slot_threads, (size_t)o.body_limit, test_endpoints);
+        struct kvi_http_options sho;
+        http_options_shared(&o, &sho); /* the same limits on both ports */
+        sho.port = slot_port.port == KVI_SLOT_PORT_EPHEMERAL ? 0 : (uint16_t)slot_port.port;
+        sho.threads = slot_threads;
+        sho.shutdown_grace_ms = SLOT_GRACE_MS;
+        sho.thread_init = kvi_slot_routes_thread_init;
+        sho.thread_fini = kvi_slot_routes_thread_fini;
+        sho.thread_ud = slot_routes;
+        slot_srv = kvi_http_server_create(&sho);
+        if (slot_srv == NULL && slot_port.port_explicit) {
+            rc = -errno;
+            kvi_log_error("slot tracker: cannot listen on %s:%d: %s", o.host, (int)sho.port, strerror(-rc));
+        } else if (slot_srv == NULL) { /* the default port is taken: run without a slot port */
+            kvi_log_warn("slot tracker: cannot listen on the default port %s:%d (%s): no slot port; pass "
+                         "--slot-port N to choose one", o.host, (int)sho.port, strerror(errno));
+        } else if ((rc = kvi_slot_routes_mount(slot_routes, slot_srv)) != 0) {
+            kvi_log_error("slot tracker: cannot mount its routes: %s", strerror(-rc));
+        }
+    }
+    if (rc == 0) {
+        rr = kvi_route_route_create(slots, svc, (unsigned)o.http_threads);
+        rc = kvi_route_route_mount(rr, srv, (size_t)o.query_body_limit);
+    }
+    if (rc == 0 && slot_srv != NULL && (rc = kvi_http_server_start(slot_srv)) == 0) {
+        uint16_t slot_port_no = kvi_http_server_port(slot_srv);
+        kvi_log_info("slot tracker listening on %s:%u (%u HTTP thread(s)); replica sync %s", o.host, slot_port_no,
+                     slot_threads, kvi_slot_service_sync_enabled(slots) ? "on" : "off");
+        if (test_endpoints)
+            kvi_log_warn("slot tracker: /test/advance_clock and /test/replica_sender are mounted (they move the "
+                         "clock and stop replica sync; do not use in production)");
+        int prc;
+        if (slot_port.port_file != NULL && (prc = write_port_file(slot_port.port_file, slot_port_no)) != 0)
+            kvi_log_error("cannot write --slot-port-file %s: %s", slot_port.port_file, strerror(-prc));
+    } else if (rc == 0) {
+        kvi_log_info("slot tracker: no slot port (POST /route is still served on the indexer port)");
+    }
     if (rc == 0)
-        rc = kvi_slot_service_mount_route(slots, srv, svc, (unsigned)o.http_threads, (size_t)o.query_body_limit);
-    if (rc == 0)
-        rc = kvi_slot_service_start(slots);
+        rc = kvi_slot_service_start(slots); /* writes posted meanwhile wait for its mutation thread */
     if (rc == 0)
         rc = kvi_http_server_start(srv);
     if (rc != 0) {
@@ -580,7 +632,9 @@ int main(int argc, char **argv)
     kvi_service_begin_stop(svc);
     if (kvi_http_server_stop(srv) == 1)
         kvi_log_warn("some HTTP connections were cut at the end of the grace period");
-    kvi_slot_service_stop(slots); /* after the indexer port: it completes deferred /route commits */
+    if (slot_srv != NULL)
+        kvi_http_server_stop(slot_srv);
+    kvi_slot_service_stop(slots); /* after both ports: it completes their deferred writes and /route commits */
     /* Exit within 2 s: the control thread normally ends at once; only a peer
      * fetch stuck in connect can hold it, and then the process just exits. */
     if (kvi_service_stop(svc, (uint32_t)KVI_MAX(100, 1900 - (int64_t)((kvi_now_ns() - t0) / 1000000))) != 0) {
@@ -588,8 +642,13 @@ int main(int argc, char **argv)
         _exit(0);
     }
 out_server:
-    kvi_http_server_free(srv);
-    kvi_slot_service_free(slots);
+    kvi_http_server_free(srv); /* first: it starts only after the slot service, so no job of its is left */
+    if (slot_srv != NULL)
+        kvi_http_server_stop(slot_srv); /* (stopped already unless startup failed) */
+    kvi_slot_service_free(slots); /* stops it; jobs never run answer 503 before the slot port is freed */
+    kvi_http_server_free(slot_srv);
+    kvi_slot_routes_free(slot_routes);
+    kvi_route_route_free(rr); /* after the mutation thread, which runs /route commits */
 out_service:
     kvi_service_destroy(svc);
     kvi_routes_free(routes);

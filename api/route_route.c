@@ -1,6 +1,7 @@
 /*
- * POST /route on the indexer port (api/codec_route.h has the contract and
- * the cost). DESIGN: api/slot_service.h.
+ * POST /route on the indexer port (api/route_route.h; api/codec_route.h has
+ * the request, answer and cost). The service it calls, DESIGN:
+ * api/slot_service.h.
  *
  *   Without commit the whole request runs inline on the loop thread inside
  *   one RCU read section: parse, hash, index lookup (kvi_index_find_tiered),
@@ -24,7 +25,7 @@
 
 #include "api/codec_route.h"
 #include "api/codec_slots.h"
-#include "api/slot_service.h"
+#include "api/route_route.h"
 #include "engine/common.h"
 #include "engine/hash.h"
 #include "engine/index.h"

@@ -1,9 +1,10 @@
 /*
  * The slot port's routes (dynamo-standalone-slot-tracker.md, http-api.md §3)
- * plus kvidx's replica-sync route, /metrics and the test routes. DESIGN:
- * api/slot_service.h. Reads run inline inside an RCU read section; writes
- * are parsed inline, packed into one allocation and run on the mutation
- * thread, which completes the deferred answer.
+ * plus kvidx's replica-sync route, /metrics and the test routes. Contract:
+ * api/routes_slots.h; the service they call, DESIGN: api/slot_service.h.
+ * Reads run inline inside an RCU read section; writes are parsed inline,
+ * packed into one allocation and run on the mutation thread, which
+ * completes the deferred answer.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -15,7 +16,7 @@
 #include <string.h>
 
 #include "api/codec_slots.h"
-#include "api/slot_service.h"
+#include "api/routes_slots.h"
 #include "engine/common.h"
 #include "engine/rcu.h"
 #include "net/log.h"

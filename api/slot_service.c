@@ -1,13 +1,14 @@
 /*
  * kvidxd slot-tracker service: command line, lifetime, the mutation thread
  * (jobs and the stale-request cleanup), the peer list, the outbound replica
- * queue and its sender thread. DESIGN: api/slot_service.h.
+ * queue and its sender thread. No HTTP server and no routes: kvidxd creates
+ * the slot port and mounts the routes (api/routes_slots.h,
+ * api/route_route.h). DESIGN: api/slot_service.h.
  */
 #include "api/slot_service.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdalign.h>
@@ -29,7 +30,6 @@
 #define BACKOFF_MIN_NS 100000000ull   /* first backoff of a failing peer */
 #define BACKOFF_MAX_NS 5000000000ull
 #define SENDER_IDLE_MS 100            /* sender's futex timeout when idle */
-#define SLOT_GRACE_MS 250             /* slot port shutdown grace: its requests are short */
 #define SENDER_STOP_MS 300            /* how long stop waits for a POST in flight */
 #define PEER_URL_MAX 1024
 
@@ -55,14 +55,6 @@ struct kvi_slot_service {
     uint64_t replica_id;
     char replica_hex[17];
     _Atomic uint64_t clock_offset;
-
-    /* slot port */
-    struct kvi_http_server *srv;
-    struct kvi_slot_routes *routes;
-    uint16_t port;
-    bool srv_started;
-    /* /route on the indexer port */
-    struct kvi_route_route *rr;
 
     /* mutation thread and its job FIFO (jmu) */
     pthread_t mut_thread;
@@ -175,23 +167,23 @@ static int flag_of(const char *arg, const char **value)
     return -1;
 }
 
-static int apply_flag(int f, const char *v, struct kvi_slot_service_config *cfg)
+static int apply_flag(int f, const char *v, struct kvi_slot_service_config *cfg, struct kvi_slot_port_flags *port)
 {
     long x = 0;
     int rc = 0;
     switch (f) {
     case A_PORT:
         if (strcmp(v, "auto") == 0) {
-            cfg->port = KVI_SLOT_PORT_EPHEMERAL;
+            port->port = KVI_SLOT_PORT_EPHEMERAL;
         } else if ((rc = arg_long("--slot-port", v, 0, 65535, &x)) == 0) {
-            cfg->port = (int32_t)x;
+            port->port = (int32_t)x;
         }
-        cfg->port_explicit = true;
+        port->port_explicit = true;
         break;
-    case A_PORT_FILE: cfg->port_file = v; break;
+    case A_PORT_FILE: port->port_file = v; break;
     case A_THREADS:
         if ((rc = arg_long("--slot-http-threads", v, 1, 64, &x)) == 0)
-            cfg->http_threads = (unsigned)x;
+            port->http_threads = (unsigned)x;
         break;
     case A_SYNC: cfg->sync = true; break;
     case A_PEERS:
@@ -235,16 +227,12 @@ static int apply_flag(int f, const char *v, struct kvi_slot_service_config *cfg)
     return rc;
 }
 
-int kvi_slot_service_args(int *argc, char **argv, struct kvi_slot_service_config *cfg)
+int kvi_slot_service_args(int *argc, char **argv, struct kvi_slot_service_config *cfg,
+                          struct kvi_slot_port_flags *port)
 {
     memset(cfg, 0, sizeof(*cfg));
-    cfg->port = KVI_SLOT_DEFAULT_PORT;
-    struct kvi_http_options http_defaults;
-    kvi_http_options_init(&http_defaults);
-    cfg->max_conns_per_addr = http_defaults.max_conns_per_addr;
-    cfg->h2_max_resets = http_defaults.h2_max_resets;
-    cfg->conn_output_limit = http_defaults.conn_output_limit;
-    cfg->output_limit = http_defaults.output_limit;
+    memset(port, 0, sizeof(*port));
+    port->port = KVI_SLOT_DEFAULT_PORT;
     int out = 1;
     for (int i = 1; i < *argc; i++) {
         const char *v;
@@ -265,7 +253,7 @@ int kvi_slot_service_args(int *argc, char **argv, struct kvi_slot_service_config
             }
             v = argv[++i];
         }
-        if (apply_flag(f, v, cfg) != 0)
+        if (apply_flag(f, v, cfg, port) != 0)
             return -EINVAL;
     }
     argv[out] = NULL;
@@ -316,19 +304,6 @@ static char *xstrdup_or_null(const char *s)
     if (d == NULL)
         kvi_die("out of memory");
     return d;
-}
-
-static int write_port_file(const char *path, uint16_t port)
-{
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL)
-        return -errno;
-    fprintf(f, "%u\n", port);
-    if (fclose(f) != 0 || rename(tmp, path) != 0)
-        return -errno;
-    return 0;
 }
 
 static void futex_wait(_Atomic uint32_t *w, uint32_t val, int ms)
@@ -840,69 +815,13 @@ static int add_initial_peers(struct kvi_slot_service *s, const char *list)
     return rc;
 }
 
-static int create_server(struct kvi_slot_service *s)
-{
-    struct kvi_http_options ho;
-    kvi_http_options_init(&ho);
-    ho.host = s->cfg.host;
-    ho.port = s->cfg.port == KVI_SLOT_PORT_EPHEMERAL ? 0 : (uint16_t)s->cfg.port;
-    ho.threads = s->cfg.http_threads;
-    if (s->cfg.body_limit)
-        ho.body_limit = s->cfg.body_limit;
-    ho.admin_token = s->cfg.admin_token;
-    ho.admin_loopback_only = s->cfg.admin_loopback_only;
-    ho.admin_hint = "start kvidxd with --admin-token (and send it) or --allow-remote-admin";
-    ho.data_token = s->cfg.data_token;
-    ho.tls_cert_file = s->cfg.tls_cert;
-    ho.tls_key_file = s->cfg.tls_key;
-    if (s->cfg.idle_timeout_ms)
-        ho.idle_timeout_ms = s->cfg.idle_timeout_ms;
-    if (s->cfg.max_connections)
-        ho.max_connections = s->cfg.max_connections;
-    ho.max_conns_per_addr = s->cfg.max_conns_per_addr;
-    ho.h2_max_resets = s->cfg.h2_max_resets;
-    ho.conn_output_limit = s->cfg.conn_output_limit;
-    ho.output_limit = s->cfg.output_limit;
-    ho.shutdown_grace_ms = SLOT_GRACE_MS;
-    ho.thread_init = kvi_slot_routes_thread_init;
-    ho.thread_fini = kvi_slot_routes_thread_fini;
-    s->routes = kvi_slot_routes_create(s, s->cfg.http_threads, ho.body_limit, s->cfg.test_endpoints);
-    ho.thread_ud = s->routes;
-    s->srv = kvi_http_server_create(&ho);
-    if (s->srv == NULL) {
-        int e = errno;
-        kvi_slot_routes_free(s->routes);
-        s->routes = NULL;
-        if (s->cfg.port_explicit) {
-            kvi_log_error("slot tracker: cannot listen on %s:%d: %s", s->cfg.host, (int)ho.port, strerror(e));
-            return -e;
-        }
-        kvi_log_warn("slot tracker: cannot listen on the default port %s:%d (%s): no slot port; pass "
-                     "--slot-port N to choose one", s->cfg.host, (int)ho.port, strerror(e));
-        return 0;
-    }
-    int rc = kvi_slot_routes_mount(s->routes, s->srv);
-    if (rc != 0) {
-        kvi_log_error("slot tracker: cannot mount its routes: %s", strerror(-rc));
-        return rc;
-    }
-    s->port = kvi_http_server_port(s->srv);
-    return 0;
-}
-
 struct kvi_slot_service *kvi_slot_service_create(const struct kvi_slot_service_config *cfg)
 {
     struct kvi_slot_service *s = kvi_xcalloc(1, sizeof(*s));
     s->cfg = *cfg;
-    s->cfg.port_file = xstrdup_or_null(cfg->port_file);
     s->cfg.peers = NULL;
-    s->cfg.host = xstrdup_or_null(cfg->host ? cfg->host : "0.0.0.0");
     s->cfg.admin_token = cfg->admin_token && cfg->admin_token[0] ? xstrdup_or_null(cfg->admin_token) : NULL;
     s->cfg.data_token = cfg->data_token && cfg->data_token[0] ? xstrdup_or_null(cfg->data_token) : NULL;
-    s->cfg.tls_cert = xstrdup_or_null(cfg->tls_cert);
-    s->cfg.tls_key = xstrdup_or_null(cfg->tls_key);
-    if (s->cfg.http_threads == 0)
-        s->cfg.http_threads = 1;
     if (s->cfg.sync_queue == 0)
         s->cfg.sync_queue = KVI_SLOT_SYNC_QUEUE;
     if (s->cfg.sync_batch == 0)
@@ -961,14 +880,6 @@ struct kvi_slot_service *kvi_slot_service_create(const struct kvi_slot_service_c
         errno = EINVAL;
         return NULL;
     }
-    if (s->cfg.port != KVI_SLOT_PORT_OFF) {
-        int rc = create_server(s);
-        if (rc != 0) {
-            kvi_slot_service_free(s);
-            errno = -rc;
-            return NULL;
-        }
-    }
     return s;
 }
 
@@ -982,33 +893,12 @@ int kvi_slot_service_start(struct kvi_slot_service *s)
         if ((rc = pthread_create(&s->snd_thread, NULL, sender_main, s)) != 0)
             return -rc;
         s->snd_started = true;
-    }
-    if (s->srv != NULL) {
-        if ((rc = kvi_http_server_start(s->srv)) != 0)
-            return rc;
-        s->srv_started = true;
-        kvi_log_info("slot tracker listening on %s:%u (%u HTTP thread(s)); replica sync %s", s->cfg.host, s->port,
-                     s->cfg.http_threads, s->cfg.sync ? "on" : "off");
-        if (s->cfg.test_endpoints)
-            kvi_log_warn("slot tracker: /test/advance_clock and /test/replica_sender are mounted (they move the "
-                         "clock and stop replica sync; do not use in production)");
-        if (s->cfg.port_file != NULL && (rc = write_port_file(s->cfg.port_file, s->port)) != 0)
-            kvi_log_error("cannot write --slot-port-file %s: %s", s->cfg.port_file, strerror(-rc));
-    } else {
-        kvi_log_info("slot tracker: no slot port (POST /route is still served on the indexer port)");
-    }
-    if (s->cfg.sync) {
         pthread_mutex_lock(&s->pmu);
         kvi_log_info("replica sync: replica id %s, %zu peer(s)%s%s", s->replica_hex, s->n_peers,
                      s->cfg.advertise ? ", advertised as " : "", s->cfg.advertise ? s->cfg.advertise : "");
         pthread_mutex_unlock(&s->pmu);
     }
     return 0;
-}
-
-uint16_t kvi_slot_service_port(const struct kvi_slot_service *s)
-{
-    return s->port;
 }
 
 uint32_t kvi_slot_service_loads_page(const struct kvi_slot_service *s)
@@ -1020,10 +910,6 @@ void kvi_slot_service_stop(struct kvi_slot_service *s)
 {
     if (s == NULL)
         return;
-    if (s->srv_started) {
-        kvi_http_server_stop(s->srv);
-        s->srv_started = false;
-    }
     if (s->mut_started) {
         pthread_mutex_lock(&s->jmu);
         s->jstop = true;
@@ -1062,10 +948,6 @@ void kvi_slot_service_free(struct kvi_slot_service *s)
         j->fn(s, j, true);
     }
     s->jhead = s->jtail = NULL;
-    if (s->srv != NULL)
-        kvi_http_server_free(s->srv);
-    kvi_slot_routes_free(s->routes);
-    kvi_route_route_free(s->rr);
     if (s->snd_leaked)
         return; /* the sender may still read the ring, peers and config */
     for (uint64_t i = atomic_load(&s->ring_head); i != atomic_load(&s->ring_tail); i++)
@@ -1079,22 +961,10 @@ void kvi_slot_service_free(struct kvi_slot_service *s)
     pthread_mutex_destroy(&s->jmu);
     pthread_cond_destroy(&s->jcv);
     pthread_mutex_destroy(&s->pmu);
-    free((char *)s->cfg.port_file);
-    free((char *)s->cfg.host);
     free((char *)s->cfg.admin_token);
     free((char *)s->cfg.data_token);
-    free((char *)s->cfg.tls_cert);
-    free((char *)s->cfg.tls_key);
     free((char *)s->cfg.advertise);
     free(s);
-}
-
-int kvi_slot_service_mount_route(struct kvi_slot_service *s, struct kvi_http_server *srv, struct kvi_service *svc,
-                                 unsigned n_threads, size_t body_limit)
-{
-    if (s->rr == NULL)
-        s->rr = kvi_route_route_create(s, svc, n_threads);
-    return kvi_route_route_mount(s->rr, srv, body_limit);
 }
 
 struct kvi_slots *kvi_slot_service_slots(const struct kvi_slot_service *s)

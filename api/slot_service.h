@@ -1,8 +1,14 @@
 /*
- * kvidxd slot-tracker service: the Dynamo standalone slot tracker
- * (../shared/reference/dynamo-standalone-slot-tracker.md, http-api.md §3)
- * served by kvidxd on a second HTTP port, replica synchronisation between
- * kvidxd instances over HTTP/2, and the indexer port's POST /route.
+ * kvidxd slot-tracker service: the state and the threads behind the Dynamo
+ * standalone slot tracker (../shared/reference/dynamo-standalone-slot-tracker.md,
+ * http-api.md §3) that kvidxd serves on a second HTTP port, replica
+ * synchronisation between kvidxd instances over HTTP/2, and the tracker
+ * side of the indexer port's POST /route. The service owns no HTTP server
+ * and mounts no routes: kvidxd (api/kvidxd.c) creates the slot port's server
+ * and its route table (api/routes_slots.h) and mounts POST /route
+ * (api/route_route.h) on the indexer port, as siblings of this service, as
+ * it does for the indexer's service (api/service.h) and routes
+ * (api/routes_common.h). The handlers call the operations below back.
  *
  * DESIGN
  *   State. One engine/slots.h registry (struct kvi_slots) per process. Its
@@ -14,7 +20,8 @@
  *       /potential_loads) run inline inside an RCU read section. Bodies of
  *       writes are parsed inline too (errors answer at once); the parsed
  *       request is then packed into one allocation and posted to the
- *       mutation thread, and the answer is deferred (kvi_http_defer).
+ *       mutation thread (kvi_slot_service_post), and the answer is deferred
+ *       (kvi_http_defer).
  *     - One mutation thread runs every tracker write in the order it was
  *       posted: /register, /unregister, /add, /prefill_complete, /free,
  *       replica batches, /route commits, and the stale-request cleanup
@@ -46,15 +53,21 @@
  *   that fails is skipped (its batches dropped and counted) for a backoff
  *   of 100 ms doubling up to 5 s. Every batch carries this process's random
  *   replica id; a replica drops batches carrying its own id.
- *   Shutdown (kvi_slot_service_stop): stop the slot port (in-flight requests
- *   finish), let the mutation thread run what is queued and exit, stop the
- *   sender (a POST in flight may hold it up to --replica-sync-timeout-ms;
- *   past the deadline it is left behind and its memory is not freed).
+ *   Startup (kvidxd): create the service, then the slot port's routes and
+ *   server (bound at once), mount POST /route on the indexer port; start the
+ *   slot port, then the service (a write posted before start waits for
+ *   it), then the indexer port.
+ *   Shutdown: kvidxd stops the indexer port and the slot port (in-flight
+ *   requests finish), then kvi_slot_service_stop lets the mutation thread
+ *   run what is queued (completing the deferred answers of both ports) and
+ *   exit, and stops the sender (a POST in flight may hold it up to
+ *   --replica-sync-timeout-ms; past the deadline it is left behind and its
+ *   memory is not freed).
  *
  *   | call                               | thread                             |
  *   |------------------------------------|------------------------------------|
  *   | args, usage, create, start, stop,  | main                               |
- *   | free, mount_route                  |                                    |
+ *   | free                               |                                    |
  *   | post, slots, peers_*, sync_*,      | any                                |
  *   | clock_*, sender_pause, stats       |                                    |
  *   | functions given to post            | run on the mutation thread (a      |
@@ -70,7 +83,6 @@
 #include <stdio.h>
 
 #include "net/body.h"
-#include "api/service.h"
 #include "engine/slots.h"
 #include "net/http_server.h"
 
@@ -86,11 +98,7 @@
 #define KVI_SLOT_SYNC_PATH "/replica/events"
 
 struct kvi_slot_service_config {
-    /* from kvi_slot_service_args (the --slot-* and --replica-sync-* flags) */
-    int32_t port;          /* KVI_SLOT_DEFAULT_PORT (8091), KVI_SLOT_PORT_OFF or _EPHEMERAL */
-    bool port_explicit;    /* --slot-port given: a bind failure is fatal (else a warning) */
-    const char *port_file; /* write the bound slot port here once listening, or NULL */
-    unsigned http_threads; /* slot-port loop threads; 0 = the caller's default */
+    /* from kvi_slot_service_args (the --replica-sync-* and --slot-max-* flags) */
     bool sync;             /* replica sync enabled */
     const char *peers;     /* comma-separated peer base URLs (http://host:port), or NULL */
     const char *advertise; /* this replica's own base URL (refused as a peer), or NULL */
@@ -103,84 +111,78 @@ struct kvi_slot_service_config {
     uint32_t loads_page;   /* --slot-loads-page: ranks per /loads, workers per /workers answer;
                             * 0 = KVI_SLOT_LOADS_PAGE */
     /* set by kvidxd from its own flags */
-    const char *host;         /* bind address; NULL = "0.0.0.0" */
-    size_t body_limit;        /* 0 = 2 MiB */
-    const char *admin_token;  /* required on topology, peer, replica and test routes; NULL = open */
-    bool admin_loopback_only; /* without admin_token: those routes answer 403 to non-loopback clients */
-    const char *tls_cert;     /* PEM chain and key: HTTPS on the slot port too (kvidxd's --tls-cert,
-                               * so its bearer tokens never travel in clear); NULL = plaintext */
-    const char *tls_key;
-    const char *data_token;   /* required on /add, /prefill_complete, /free and /route with commit (or
-                               * the admin token); NULL = open */
-    unsigned idle_timeout_ms; /* 0 = the server's default */
-    unsigned max_connections; /* 0 = the server's default */
-    /* The HTTP abuse limits (net/http_server.h "Limits"); set together, 0 = no limit.
-     * kvi_slot_service_args leaves them at the HTTP layer's defaults. */
-    unsigned max_conns_per_addr;
-    unsigned h2_max_resets;
-    size_t conn_output_limit;
-    size_t output_limit;
-    bool test_endpoints;      /* mount /test/advance_clock and /test/replica_sender */
+    const char *admin_token; /* sent to peers as the bearer token of replica batches; also admits a
+                              * /route commit; NULL or "" = none */
+    const char *data_token;  /* required on /route with commit (or the admin token); NULL or "" = open
+                              * (the slot port's server checks it on /add, /prefill_complete, /free) */
+};
+
+/**
+ * The slot port's flags, taken out of argv with the service's own. The
+ * service does not read them: kvidxd creates the slot port from them.
+ */
+struct kvi_slot_port_flags {
+    int32_t port;          /* --slot-port: KVI_SLOT_DEFAULT_PORT (8091), KVI_SLOT_PORT_OFF or _EPHEMERAL */
+    bool port_explicit;    /* --slot-port given: a bind failure is fatal (else a warning) */
+    const char *port_file; /* --slot-port-file: write the bound slot port here once listening, or NULL */
+    unsigned http_threads; /* --slot-http-threads: slot-port loop threads; 0 = the caller's default */
 };
 
 /**
  * Take the slot-tracker flags out of @p argv (they are removed, so the
- * caller's own parser never sees them) and fill @p cfg's first block with
- * them or their defaults. Other fields of @p cfg are zeroed. Strings point
- * into @p argv. Prints the reason on stderr when a value is invalid.
+ * caller's own parser never sees them) and fill @p cfg's first block and
+ * @p port with them or their defaults. Other fields of @p cfg are zeroed.
+ * Strings point into @p argv. Prints the reason on stderr when a value is
+ * invalid. Main thread.
  * @return 0, or -EINVAL (the daemon exits with status 2).
  */
-int kvi_slot_service_args(int *argc, char **argv, struct kvi_slot_service_config *cfg);
+int kvi_slot_service_args(int *argc, char **argv, struct kvi_slot_service_config *cfg,
+                          struct kvi_slot_port_flags *port);
 
-/** Print the slot-tracker part of --help to @p f. */
+/** Print the slot-tracker part of --help to @p f. Main thread. */
 void kvi_slot_service_usage(FILE *f);
 
 struct kvi_slot_service;
 
 /**
- * Create the service: the tracker, the queues and, when a slot port is
- * configured, its HTTP server (bound at once). Strings of @p cfg are copied.
- * A default port that cannot be bound only warns (the service then runs
- * without a slot port); an explicit one fails.
- * @return the service, or NULL with errno (EINVAL bad peer URL, or the
- *         server's bind error).
+ * Create the service: the tracker, the queues and the peer list (strings of
+ * @p cfg are copied). No thread starts yet. Main thread.
+ * @return the service (free with kvi_slot_service_free), or NULL with errno
+ *         EINVAL (a bad --replica-sync-peers or --replica-sync-advertise
+ *         URL, logged) or ENOMEM.
  */
 struct kvi_slot_service *kvi_slot_service_create(const struct kvi_slot_service_config *cfg);
 
 /**
- * Start the mutation thread, the sender (replica sync) and the slot port;
- * write the port file. @return 0 or a negative errno (threads already
- * started are stopped again by kvi_slot_service_stop).
+ * Start the mutation thread and, with replica sync, the sender; log the
+ * replica-sync line. Main thread, once. Jobs posted before wait for it.
+ * @return 0 or a negative errno from pthread_create (threads already
+ *         started are stopped again by kvi_slot_service_stop or _free).
  */
 int kvi_slot_service_start(struct kvi_slot_service *s);
-
-/** The bound slot port, 0 when there is none. Any thread. */
-uint16_t kvi_slot_service_port(const struct kvi_slot_service *s);
 
 /** Most entries in one GET /loads (ranks) or GET /workers (workers) answer (--slot-loads-page,
  *  defaulted; api/codec_slots.h PAGING). Any thread. */
 uint32_t kvi_slot_service_loads_page(const struct kvi_slot_service *s);
 
 /**
- * Stop (see Shutdown above): slot port, mutation thread (after the jobs
- * queued before), sender. Call after the indexer port has stopped, before it
- * is freed (a /route commit deferred there is completed by the mutation
- * thread). Idempotent.
+ * Stop (see Shutdown above): the mutation thread (after running the jobs
+ * queued before), then the sender. Main thread. Call after the indexer port
+ * and the slot port have stopped and before they are freed: the mutation
+ * thread completes answers deferred on either (slot writes, /route
+ * commits). Idempotent; a no-op before start.
  */
 void kvi_slot_service_stop(struct kvi_slot_service *s);
 
-/** Free the service (after stop, or without start). NULL is a no-op. */
+/**
+ * Free the service (main thread; after stop, or without start: it stops
+ * first). Jobs posted but never run (the mutation thread never started) run
+ * here with stopping = true, so free it before the servers their answers
+ * were deferred on. NULL is a no-op.
+ */
 void kvi_slot_service_free(struct kvi_slot_service *s);
 
-/**
- * Mount POST /route (api/route_route.c) on the indexer port @p srv, which
- * has @p n_threads loop threads; indexes come from @p svc. Before @p srv
- * starts. @return 0 or the negative error of kvi_http_server_route.
- */
-int kvi_slot_service_mount_route(struct kvi_slot_service *s, struct kvi_http_server *srv, struct kvi_service *svc,
-                                 unsigned n_threads, size_t body_limit);
-
-/* ---- shared by api/slot_service.c, api/routes_slots.c and api/route_route.c ------------------ */
+/* ---- operations the routes call (api/routes_slots.c, api/route_route.c) ------------------------ */
 
 /** The tracker. Any thread (reads inside RCU sections; writes on the mutation thread only). */
 struct kvi_slots *kvi_slot_service_slots(const struct kvi_slot_service *s);
@@ -262,32 +264,5 @@ void kvi_slot_service_stats(const struct kvi_slot_service *s, struct kvi_slot_se
 
 /** Count an answered /route (@p committed: an /add was recorded). Any thread. */
 void kvi_slot_service_count_route(struct kvi_slot_service *s, bool committed);
-
-/* ---- api/routes_slots.c (the slot port's handlers) ------------------------------------------- */
-
-struct kvi_slot_routes;
-
-/** Per-thread scratch of the slot port for @p n_threads loop threads. Never NULL. */
-struct kvi_slot_routes *kvi_slot_routes_create(struct kvi_slot_service *s, unsigned n_threads, size_t body_limit,
-                                               bool test_endpoints);
-/** kvi_http_options.thread_init / thread_fini hooks (ud = the routes). */
-void *kvi_slot_routes_thread_init(unsigned thread, void *ud);
-void kvi_slot_routes_thread_fini(unsigned thread, void *thread_ctx, void *ud);
-/** Mount every slot route on @p srv. @return 0 or a negative errno. */
-int kvi_slot_routes_mount(struct kvi_slot_routes *rt, struct kvi_http_server *srv);
-/** Free (after the server). NULL is a no-op. */
-void kvi_slot_routes_free(struct kvi_slot_routes *rt);
-
-/* ---- api/route_route.c (POST /route on the indexer port) ------------------------------------- */
-
-struct kvi_route_route;
-
-/** /route state for an indexer port with @p n_threads loop threads. Never NULL. */
-struct kvi_route_route *kvi_route_route_create(struct kvi_slot_service *s, struct kvi_service *svc,
-                                               unsigned n_threads);
-/** Mount POST /route. @return 0 or a negative errno. */
-int kvi_route_route_mount(struct kvi_route_route *rr, struct kvi_http_server *srv, size_t body_limit);
-/** Free (after the indexer server). NULL is a no-op. */
-void kvi_route_route_free(struct kvi_route_route *rr);
 
 #endif
