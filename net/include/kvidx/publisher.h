@@ -222,7 +222,7 @@ enum kvidx_pub_flags {
  * Strings are copied by kvidx_pub_create; the caller keeps ownership.
  */
 struct kvidx_pub_config {
-    /** PUB endpoint (required), e.g. "tcp://" "*:5557" (a wildcard host binds). */
+    /** PUB endpoint (required for ZMQ), e.g. "tcp://" "*:5557" (a wildcard host binds). */
     const char *endpoint;
     /** Replay ROUTER endpoint (always bound), e.g. "tcp://" "*:5558"; NULL: no replay. */
     const char *replay_endpoint;
@@ -230,7 +230,8 @@ struct kvidx_pub_config {
     const char *topic;
     /** Default `medium` of events; NULL writes nil. Default "GPU". */
     const char *medium;
-    /** Default `lora_name` of stored events; NULL writes nil. Default NULL. */
+    /** Default `lora_name` of stored events; NULL writes nil. Default NULL.
+     *  NATS: not sent; a non-empty name changes tokens_hash. */
     const char *lora_name;
     /**
      * A ZMQ context (void * from zmq_ctx_new) to create the sockets in, for
@@ -246,7 +247,8 @@ struct kvidx_pub_config {
      * when it reaches N events (and by kvidx_pub_flush).
      */
     uint32_t auto_flush;
-    /** The batch's rank element; KVIDX_PUB_RANK_NIL / KVIDX_PUB_RANK_OMIT. Default 0. */
+    /** The batch's rank element; KVIDX_PUB_RANK_NIL / KVIDX_PUB_RANK_OMIT. Default 0.
+     *  NATS: the RouterEvent's dp_rank, >= 0 (and part of the Nats-Msg-Id). */
     int32_t dp_rank;
     /** PUB send high-water mark in messages (0 = unlimited). Default 100,000. */
     int hwm;
@@ -521,7 +523,9 @@ KVIDX_PUB_API int kvidx_pub_offset_endpoint(const char *endpoint, int32_t rank, 
  *   JetStream: after the stream acknowledged each. At the first failed
  *   publish it stops: that event and the rest of the batch are lost (each
  *   counted in send_errors, their ids and sequence numbers consumed) and it
- *   returns -EIO with kvidx_pub_last_error = the natsStatus.
+ *   returns -EIO with kvidx_pub_last_error = the natsStatus. A message
+ *   larger than the server's max_payload (1 MiB by default: a stored event
+ *   of about 18,000 blocks on Core, 11,000 on JetStream) fails so.
  * kvidx_pub_flush_empty returns -ENOTSUP (a RouterEvent holds one event).
  * kvidx_pub_publish_payload: Core: the caller's bytes as the envelope's
  *   payload, with the next sequence number; JetStream: the caller's bytes as
