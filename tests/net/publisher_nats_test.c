@@ -13,7 +13,7 @@
  * RouterEvent; stored with and without parent, u64 hashes above 2^63,
  * removed, cleared; a LoRA changing tokens_hash; dp_rank 3; storage tiers;
  * a comma-separated server list; skip_live's event_id and sequence gap;
- * send_raw and publish_payload; JetStream stream creation and its config,
+ * send_raw and publish_payload; a failed publish (over max_payload); JetStream stream creation and its config,
  * stream order, Nats-Msg-Id, JSON bytes, a restarted publisher's repeated
  * message ids dropped by the server; the stream-name helper; errors.
  *
@@ -568,6 +568,54 @@ static void test_errors(void **state)
     kvidx_pub_destroy(p);
 }
 
+/* A message over the server's max_payload (1 MiB) fails the flush with -EIO
+ * and the natsStatus; it and the rest of its batch are lost, ids and
+ * sequence numbers consumed; the publisher goes on. */
+static void test_core_send_error(void **state)
+{
+    (void)state;
+    const char *subj = "namespace.t.component.core4.kv-events";
+    natsSubscription *sub = subscribe(subj);
+    struct kvidx_pub *p = core_pub(subj, 1, 0, NULL);
+    enum { NB = 20000 };
+    uint64_t *h = calloc(NB, sizeof(*h));
+    uint32_t *tok = calloc(NB, sizeof(*tok));
+    assert_non_null(h);
+    assert_non_null(tok);
+    for (uint32_t i = 0; i < NB; i++) {
+        h[i] = BIG1 + i;
+        tok[i] = i;
+    }
+    assert_int_equal(kvidx_pub_publish_stored(p, h, NB, NULL, tok, NB, 1, NULL), 0);
+    assert_int_equal(kvidx_pub_publish_cleared(p, NULL), 0);
+    uint64_t seq = 0;
+    assert_int_equal(kvidx_pub_flush(p, &seq), -EIO);
+    assert_int_equal(seq, 1);
+    assert_int_equal(kvidx_pub_last_error(p), NATS_MAX_PAYLOAD);
+    assert_string_equal(kvidx_pub_last_error_text(p), natsStatus_GetText(NATS_MAX_PAYLOAD));
+    int64_t t0 = now_wall_ms();
+    assert_int_equal(kvidx_pub_publish_cleared(p, NULL), 0);
+    assert_int_equal(kvidx_pub_flush(p, &seq), 0);
+    int64_t t1 = now_wall_ms();
+    assert_int_equal(seq, 2);
+    natsMsg *m = next_msg(sub);
+    struct ex ev;
+    ex_cleared(&ev, 1, "device", 2, 0);
+    expect_core(m, 2, t0, t1, &ev);
+    ex_free(&ev);
+    natsMsg_Destroy(m);
+    expect_quiet(sub);
+    struct kvidx_pub_stats st;
+    kvidx_pub_get_stats(p, &st);
+    assert_int_equal(st.batches, 3);
+    assert_int_equal(st.batches_live, 1);
+    assert_int_equal(st.send_errors, 2);
+    free(h);
+    free(tok);
+    kvidx_pub_destroy(p);
+    natsSubscription_Destroy(sub);
+}
+
 static void test_stream_name(void **state)
 {
     (void)state;
@@ -756,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_core_lora_rank_tiers),
         cmocka_unit_test(test_core_faults),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_core_send_error),
         cmocka_unit_test(test_jetstream),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
