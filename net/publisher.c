@@ -64,6 +64,11 @@
  * joins it (the thread closes the ROUTER), closes the PUB (linger 0), drops
  * the ring's references, terminates the context if it owns it, and drops the
  * publisher's pool reference.
+ *
+ * Transports. A NATS publisher (cfg->transport) has pub->nats set and none
+ * of the ZMQ state (no socket, pool, ring or thread): every public function
+ * hands it to net/publisher_nats.c first (`if (pub->nats) return
+ * kvp_nats_...`), which has its own DESIGN block.
  */
 #include <kvidx/publisher.h>
 
@@ -80,6 +85,7 @@
 #include <zmq.h>
 
 #include "msgpack_wire.h" /* same folder: the library builds with net/include alone */
+#include "publisher_nats.h"
 
 /*
  * libzmq is not built with TSan, so TSan cannot see that a message handed to
@@ -136,6 +142,8 @@ struct kvp_pool {
 };
 
 struct kvidx_pub {
+    struct kvp_nats *nats;   /* NATS transports: everything else unused */
+
     /* --- publishing thread --- */
     void *ctx;
     void *sock;
@@ -442,6 +450,8 @@ static uint8_t *mp_extra_keys(uint8_t *w, size_t n, const char *lora, size_t lor
 int kvidx_pub_publish_stored_ex(struct kvidx_pub *pub, const struct kvidx_pub_stored *ev,
                                 uint64_t *event_id)
 {
+    if (pub && pub->nats)
+        return kvp_nats_stored(pub->nats, ev, event_id);
     if (!pub || !ev || !ev->block_hashes || ev->n_hashes == 0 || ev->n_hashes > KVP_MAX_COUNT ||
         ev->n_tokens > KVP_MAX_COUNT || (ev->n_tokens && !ev->token_ids && !ev->token_ids_nil))
         return -EINVAL;
@@ -540,6 +550,8 @@ int kvidx_pub_publish_stored(struct kvidx_pub *pub, const uint64_t *hashes, size
 int kvidx_pub_publish_removed_ex(struct kvidx_pub *pub, const struct kvidx_pub_removed *ev,
                                  uint64_t *event_id)
 {
+    if (pub && pub->nats)
+        return kvp_nats_removed(pub->nats, ev, event_id);
     if (!pub || !ev || !ev->block_hashes || ev->n_hashes == 0 || ev->n_hashes > KVP_MAX_COUNT)
         return -EINVAL;
     const char *medium = ev->medium ? ev->medium : pub->medium;
@@ -582,6 +594,8 @@ int kvidx_pub_publish_cleared(struct kvidx_pub *pub, uint64_t *event_id)
 {
     if (!pub)
         return -EINVAL;
+    if (pub->nats)
+        return kvp_nats_cleared(pub->nats, event_id);
     int rc = kvp_reserve(pub, 32);
     if (rc)
         return rc;
@@ -744,6 +758,8 @@ int kvidx_pub_flush(struct kvidx_pub *pub, uint64_t *seq)
 {
     if (!pub)
         return -EINVAL;
+    if (pub->nats)
+        return kvp_nats_flush(pub->nats, seq);
     struct kvp_buf *b = pub->cur;
     if (!b || b->n_events == 0) {
         if (seq)
@@ -757,6 +773,8 @@ int kvidx_pub_flush(struct kvidx_pub *pub, uint64_t *seq)
 
 int kvidx_pub_flush_empty(struct kvidx_pub *pub, uint64_t *seq)
 {
+    if (pub && pub->nats)
+        return -ENOTSUP; /* a RouterEvent holds exactly one event */
     int rc = kvidx_pub_flush(pub, NULL);
     if (rc)
         return rc;
@@ -774,6 +792,8 @@ int kvidx_pub_publish_payload(struct kvidx_pub *pub, const void *payload, size_t
 {
     if (!pub || (!payload && len))
         return -EINVAL;
+    if (pub->nats)
+        return kvp_nats_payload(pub->nats, payload, len, seq);
     int rc = kvidx_pub_flush(pub, NULL);
     if (rc)
         return rc;
@@ -1102,6 +1122,7 @@ static int kvp_start_replay(struct kvidx_pub *pub, const struct kvidx_pub_config
 /* Free a publisher whose replay thread is not running. */
 static void kvp_free(struct kvidx_pub *pub)
 {
+    kvp_nats_destroy(pub->nats);
     if (pub->router)
         zmq_close(pub->router);
     if (pub->sock)
@@ -1132,8 +1153,29 @@ static void kvp_free(struct kvidx_pub *pub)
     free(pub);
 }
 
+/* A NATS publisher: the struct with pub->nats and no ZMQ state. */
+static struct kvidx_pub *kvp_create_nats(const struct kvidx_pub_config *cfg)
+{
+    struct kvidx_pub *pub = calloc(1, sizeof(*pub));
+    if (!pub) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    pub->wake_rd = pub->wake_wr = -1;
+    pthread_mutex_init(&pub->mu, NULL);
+    int e = kvp_nats_create(cfg, &pub->nats);
+    if (e) {
+        kvp_free(pub);
+        errno = e;
+        return NULL;
+    }
+    return pub;
+}
+
 struct kvidx_pub *kvidx_pub_create(const struct kvidx_pub_config *cfg)
 {
+    if (cfg && cfg->transport != KVIDX_PUB_TRANSPORT_ZMQ)
+        return kvp_create_nats(cfg);
     int e = kvp_check_config(cfg);
     if (e) {
         errno = e;
@@ -1235,16 +1277,22 @@ void kvidx_pub_destroy(struct kvidx_pub *pub)
 
 size_t kvidx_pub_pending(const struct kvidx_pub *pub)
 {
+    if (pub->nats)
+        return kvp_nats_pending(pub->nats);
     return pub->cur ? pub->cur->n_events : 0;
 }
 
 uint64_t kvidx_pub_next_seq(const struct kvidx_pub *pub)
 {
+    if (pub->nats)
+        return kvp_nats_next_seq(pub->nats);
     return pub->next_seq;
 }
 
 const char *kvidx_pub_endpoint(const struct kvidx_pub *pub)
 {
+    if (pub->nats)
+        return kvp_nats_subject(pub->nats);
     return pub->endpoint;
 }
 
@@ -1255,11 +1303,29 @@ const char *kvidx_pub_replay_endpoint(const struct kvidx_pub *pub)
 
 int kvidx_pub_last_error(const struct kvidx_pub *pub)
 {
+    if (pub->nats)
+        return kvp_nats_last_error(pub->nats);
     return pub->last_error;
+}
+
+const char *kvidx_pub_last_error_text(const struct kvidx_pub *pub)
+{
+    if (pub->nats)
+        return kvp_nats_last_error_text(pub->nats);
+    return pub->last_error ? zmq_strerror(pub->last_error) : "";
+}
+
+uint64_t kvidx_pub_nats_publisher_id(const struct kvidx_pub *pub)
+{
+    return pub->nats ? kvp_nats_publisher_id(pub->nats) : 0;
 }
 
 void kvidx_pub_get_stats(const struct kvidx_pub *pub, struct kvidx_pub_stats *out)
 {
+    if (pub->nats) {
+        kvp_nats_stats(pub->nats, out);
+        return;
+    }
     struct kvidx_pub *p = (struct kvidx_pub *)pub; /* the mutex only */
     memset(out, 0, sizeof(*out));
     out->next_seq = pub->next_seq;
@@ -1285,6 +1351,10 @@ void kvidx_pub_get_stats(const struct kvidx_pub *pub, struct kvidx_pub_stats *ou
 
 void kvidx_pub_skip_live(struct kvidx_pub *pub, uint64_t n)
 {
+    if (pub->nats) {
+        kvp_nats_skip_live(pub->nats, n);
+        return;
+    }
     pub->skip_live = n > UINT64_MAX - pub->skip_live ? UINT64_MAX : pub->skip_live + n;
 }
 
@@ -1306,6 +1376,8 @@ int kvidx_pub_send_raw(struct kvidx_pub *pub, const void *const *frames, const s
     for (size_t i = 0; i < n_frames; i++)
         if (!frames[i] && sizes[i])
             return -EINVAL;
+    if (pub->nats)
+        return kvp_nats_send_raw(pub->nats, frames, sizes, n_frames);
     for (size_t i = 0; i < n_frames; i++) {
         if (kvp_send_copy(pub->sock, frames[i], sizes[i], i + 1 < n_frames ? ZMQ_SNDMORE : 0))
             return kvp_zmq_fail(pub);

@@ -27,24 +27,33 @@
  *
  * Errors: functions returning int return 0 on success or a negative errno:
  * -EINVAL for a bad argument, -ENOMEM when memory ran out, -EIO when a ZMQ
- * call failed (the ZMQ errno is then available from kvidx_pub_last_error).
- * kvidx_pub_create returns NULL with errno set.
+ * call failed (the ZMQ errno is then available from kvidx_pub_last_error),
+ * or a NATS call failed (then it holds the natsStatus). kvidx_pub_create
+ * returns NULL with errno set.
  *
  * Thread-safety: a publisher is used by one thread at a time (every function
  * taking a publisher, unless its comment says otherwise). Moving a publisher
  * to another thread needs a happens-before edge (a mutex, a thread join).
  * Different publishers are independent. The replay ROUTER is served by a
- * thread each publisher starts and stops itself.
+ * thread each publisher starts and stops itself; a NATS publisher's
+ * connection has libnats' own threads, which never call back into it.
  *
  * Fault injection (section at the end): kvidx_pub_skip_live,
  * kvidx_pub_set_replay_faults and kvidx_pub_send_raw deliberately break the
  * stream (lost live batches, lost or late replay replies, garbage messages).
  * They exist for consumers' tests; an engine never calls them.
  *
+ * NATS transports (kvidx_pub_config.transport): the same calls publish
+ * Dynamo RouterEvents on NATS instead, one message per event, to Core NATS
+ * (Dynamo >= 1.0's event plane: a msgpack envelope around a msgpack
+ * RouterEvent) or to a JetStream stream (a JSON RouterEvent with a
+ * Nats-Msg-Id header for de-duplication). See "NATS transports" below for
+ * the wire format and for what each function does there.
+ *
  * Link with -lkvidx_publisher (pkg-config: kvidx-publisher). The library
- * depends on libzmq and pthreads only (it writes its msgpack with kvidx's
- * own primitives, net/msgpack_wire.h, compiled in); this header needs
- * neither.
+ * depends on libzmq, libnats and pthreads only (it writes its msgpack with
+ * kvidx's own primitives, net/msgpack_wire.h, compiled in, and hashes tokens
+ * with xxhash's header-only XXH3); this header needs none of them.
  */
 #ifndef KVIDX_PUBLISHER_H
 #define KVIDX_PUBLISHER_H
@@ -125,6 +134,66 @@ enum kvidx_pub_socket_mode {
     KVIDX_PUB_SOCKET_CONNECT = 2,
 };
 
+/**
+ * Transport (kvidx_pub_config.transport).
+ *
+ * NATS transports. Each event is one message holding one Dynamo RouterEvent
+ * (net/README.md, "NATS transport"):
+ *
+ *     {"worker_id": u64, "storage_tier": str,
+ *      "event": {"event_id": u64,
+ *                "data": {"stored": {"parent_hash": u64|null,
+ *                                    "start_position": null,
+ *                                    "blocks": [{"block_hash": u64,
+ *                                                "tokens_hash": u64,
+ *                                                "mm_extra_info": null}, ...]}}
+ *                      | {"removed": {"block_hashes": [u64, ...]}}
+ *                      | "cleared",
+ *                "dp_rank": u32}}
+ *
+ * - worker_id and dp_rank come from the config (dp_rank must be >= 0);
+ *   event_id is the publisher's event counter (0, 1, 2, ...).
+ * - storage_tier comes from the event's medium (the publisher's for
+ *   cleared), compared case-insensitively: "GPU" or NULL -> "device",
+ *   "CPU" -> "host_pinned", "DISK" -> "disk", any other -> "external".
+ * - tokens_hash of block i is XXH3-64 of its block_size token ids as
+ *   little-endian u32, seed 1337, plus XXH3-64(lora_name, seed 0) (wrapping)
+ *   when the event's lora_name is non-empty: kvidx's content hash. A stored
+ *   event therefore needs its tokens: n_tokens == n_hashes * block_size,
+ *   block_size > 0, token_ids_nil false; otherwise -EINVAL.
+ * - start_position is always null (struct kvidx_pub_stored has no field
+ *   for it); group_idx is not sent; mm_extra_info is always null.
+ * - u64 values are written exactly (msgpack uint 64 / JSON integers).
+ *
+ * KVIDX_PUB_TRANSPORT_NATS_CORE publishes on nats_subject (Dynamo's is
+ * "namespace.{ns}.component.{comp}.kv-events") a msgpack map
+ *
+ *     {"publisher_id": u64, "sequence": u64, "published_at": u64 (ms since
+ *      the epoch), "topic": "kv-events", "payload": bin}
+ *
+ * whose payload is the RouterEvent as a msgpack map with named fields (the
+ * variants as one-entry maps, "cleared" as a string, null as nil). sequence
+ * counts the publisher's messages from 0 (kvidx_pub_next_seq).
+ *
+ * KVIDX_PUB_TRANSPORT_NATS_JETSTREAM publishes the RouterEvent as JSON with
+ * js_Publish (waiting for the stream's acknowledgement) to the subject
+ * "<stream>.kv-events", with header Nats-Msg-Id "<worker_id>-<dp_rank>-
+ * <event_id>": the server drops a message whose id it saw within the
+ * stream's duplicate window (2 minutes by default). A publisher restarted
+ * with the same worker_id and dp_rank inside that window starts again at
+ * event_id 0: its first events are dropped as duplicates.
+ */
+enum kvidx_pub_transport {
+    KVIDX_PUB_TRANSPORT_ZMQ = 0,            /**< vLLM batches over ZMQ (default) */
+    KVIDX_PUB_TRANSPORT_NATS_CORE = 1,      /**< Dynamo >= 1.0 Core NATS event plane */
+    KVIDX_PUB_TRANSPORT_NATS_JETSTREAM = 2, /**< Dynamo JetStream (durable) event plane */
+};
+
+/** Default NATS server list (libnats' NATS_DEFAULT_URL). */
+#define KVIDX_PUB_DEFAULT_NATS_URL "nats://localhost:4222"
+/** Default NATS timeout (connect, JetStream requests and acks, final flush), ms. */
+#define KVIDX_PUB_DEFAULT_NATS_TIMEOUT_MS 5000u
+
 /** kvidx_pub_config.flags */
 enum kvidx_pub_flags {
     /**
@@ -139,6 +208,13 @@ enum kvidx_pub_flags {
      * (see kvidx_pub_offset_endpoint). Ignored when dp_rank <= 0.
      */
     KVIDX_PUB_F_OFFSET_BY_RANK = 1u << 1,
+    /**
+     * JetStream transport: create the stream when it does not exist (subjects
+     * "<stream>.*", file storage, max age 1 hour, otherwise the server's
+     * defaults, as Dynamo creates it). Without it a missing stream makes
+     * kvidx_pub_create fail with ENOENT.
+     */
+    KVIDX_PUB_F_NATS_CREATE_STREAM = 1u << 2,
 };
 
 /**
@@ -146,7 +222,7 @@ enum kvidx_pub_flags {
  * Strings are copied by kvidx_pub_create; the caller keeps ownership.
  */
 struct kvidx_pub_config {
-    /** PUB endpoint (required), e.g. "tcp://" "*:5557" (a wildcard host binds). */
+    /** PUB endpoint (required for ZMQ), e.g. "tcp://" "*:5557" (a wildcard host binds). */
     const char *endpoint;
     /** Replay ROUTER endpoint (always bound), e.g. "tcp://" "*:5558"; NULL: no replay. */
     const char *replay_endpoint;
@@ -154,7 +230,8 @@ struct kvidx_pub_config {
     const char *topic;
     /** Default `medium` of events; NULL writes nil. Default "GPU". */
     const char *medium;
-    /** Default `lora_name` of stored events; NULL writes nil. Default NULL. */
+    /** Default `lora_name` of stored events; NULL writes nil. Default NULL.
+     *  NATS: not sent; a non-empty name changes tokens_hash. */
     const char *lora_name;
     /**
      * A ZMQ context (void * from zmq_ctx_new) to create the sockets in, for
@@ -170,7 +247,8 @@ struct kvidx_pub_config {
      * when it reaches N events (and by kvidx_pub_flush).
      */
     uint32_t auto_flush;
-    /** The batch's rank element; KVIDX_PUB_RANK_NIL / KVIDX_PUB_RANK_OMIT. Default 0. */
+    /** The batch's rank element; KVIDX_PUB_RANK_NIL / KVIDX_PUB_RANK_OMIT. Default 0.
+     *  NATS: the RouterEvent's dp_rank, >= 0 (and part of the Nats-Msg-Id). */
     int32_t dp_rank;
     /** PUB send high-water mark in messages (0 = unlimited). Default 100,000. */
     int hwm;
@@ -191,6 +269,28 @@ struct kvidx_pub_config {
     enum kvidx_pub_replay_layout replay_layout; /**< default KVIDX_PUB_REPLAY_TOPIC */
     enum kvidx_pub_socket_mode socket_mode;     /**< default KVIDX_PUB_SOCKET_AUTO */
     uint32_t flags;                             /**< enum kvidx_pub_flags; default 0 */
+
+    /* --- appended for the NATS transports (ZMQ ignores them) --- */
+
+    /** default KVIDX_PUB_TRANSPORT_ZMQ. The NATS transports ignore endpoint
+     *  and every ZMQ-only field (replay, topic, form, hash_enc, array_len,
+     *  hwm, rebind_ms, socket_mode, zmq_ctx). */
+    enum kvidx_pub_transport transport;
+    /** NATS server URL, or a comma-separated list of them (reconnects go
+     *  through the list). NULL (default): KVIDX_PUB_DEFAULT_NATS_URL. */
+    const char *nats_url;
+    /** Core: the subject (required). JetStream: the subject the stream name
+     *  is derived from (kvidx_pub_nats_stream_name) when nats_stream is NULL. */
+    const char *nats_subject;
+    /** JetStream: the stream name; NULL: derived from nats_subject. */
+    const char *nats_stream;
+    /** RouterEvent worker_id. Default 0. */
+    uint64_t worker_id;
+    /** Core envelope publisher_id; 0 (default): a random non-zero id drawn
+     *  at create (kvidx_pub_nats_publisher_id). */
+    uint64_t nats_publisher_id;
+    /** ms; 0 (default): KVIDX_PUB_DEFAULT_NATS_TIMEOUT_MS. */
+    uint32_t nats_timeout_ms;
 };
 
 /**
@@ -400,6 +500,66 @@ KVIDX_PUB_API int kvidx_pub_offset_endpoint(const char *endpoint, int32_t rank, 
                                             size_t cap);
 
 /* ------------------------------------------------------------------------
+ * NATS transports (kvidx_pub_config.transport != KVIDX_PUB_TRANSPORT_ZMQ)
+ *
+ * The functions above behave as documented, with these differences:
+ *
+ * kvidx_pub_create connects (waiting up to nats_timeout_ms; afterwards
+ *   libnats reconnects by itself, without limit, buffering Core messages
+ *   meanwhile) and, for JetStream, looks the stream up (creating it with
+ *   KVIDX_PUB_F_NATS_CREATE_STREAM). errno: EINVAL (no nats_subject, or for
+ *   JetStream neither nats_subject nor nats_stream; dp_rank < 0; transport
+ *   out of range), ENOMEM, ECONNREFUSED (no server reachable), ETIMEDOUT,
+ *   ENOENT (the stream does not exist and was not to be created), EIO (any
+ *   other NATS failure, e.g. JetStream not enabled on the server).
+ * kvidx_pub_destroy waits up to nats_timeout_ms for libnats to send what it
+ *   still buffers, then closes the connection. It does not call nats_Close:
+ *   libnats' global state stays for other users in the process.
+ * kvidx_pub_publish_stored(_ex) also return -EINVAL when the event has no
+ *   tokens to hash (see enum kvidx_pub_transport).
+ * kvidx_pub_flush sends every event of the batch as its own message, in
+ *   order; @p seq receives the sequence number of the last one. Core: it
+ *   returns once libnats has queued them (its flusher thread sends them);
+ *   JetStream: after the stream acknowledged each. At the first failed
+ *   publish it stops: that event and the rest of the batch are lost (each
+ *   counted in send_errors, their ids and sequence numbers consumed) and it
+ *   returns -EIO with kvidx_pub_last_error = the natsStatus. A message
+ *   larger than the server's max_payload (1 MiB by default: a stored event
+ *   of about 18,000 blocks on Core, 11,000 on JetStream) fails so.
+ * kvidx_pub_flush_empty returns -ENOTSUP (a RouterEvent holds one event).
+ * kvidx_pub_publish_payload: Core: the caller's bytes as the envelope's
+ *   payload, with the next sequence number; JetStream: the caller's bytes as
+ *   the message, without Nats-Msg-Id.
+ * kvidx_pub_endpoint returns the subject published to; kvidx_pub_replay_
+ *   endpoint NULL; kvidx_pub_set_replay_faults -EINVAL (there is no replay).
+ * kvidx_pub_last_error returns the natsStatus of the last -EIO.
+ * kvidx_pub_get_stats: a "batch" is one message: batches counts messages
+ *   flushed (sequence numbers consumed), batches_live those published,
+ *   batches_skipped those withheld by kvidx_pub_skip_live; bytes counts the
+ *   message data published (envelope or JSON); the replay counters are 0.
+ * ------------------------------------------------------------------------ */
+
+/**
+ * Dynamo's JetStream stream name for @p subject: lower case (ASCII), then
+ * every character outside [a-z0-9_-] becomes "_", then every "_" becomes
+ * "-" ("namespace.dynamo.component.backend.kv-events" ->
+ * "namespace-dynamo-component-backend-kv-events"). A multi-byte UTF-8
+ * character counts as one character. Thread-safe.
+ * @param out  receives the NUL-terminated name (cap bytes)
+ * @return 0, -EINVAL (subject or out NULL, subject empty), -ENOSPC.
+ */
+KVIDX_PUB_API int kvidx_pub_nats_stream_name(const char *subject, char *out, size_t cap);
+
+/** The Core envelope's publisher_id (configured or drawn); 0 on ZMQ. */
+KVIDX_PUB_API uint64_t kvidx_pub_nats_publisher_id(const struct kvidx_pub *pub);
+
+/**
+ * Text for kvidx_pub_last_error (zmq_strerror or natsStatus_GetText, by
+ * transport): a static string, or "" when there was no error.
+ */
+KVIDX_PUB_API const char *kvidx_pub_last_error_text(const struct kvidx_pub *pub);
+
+/* ------------------------------------------------------------------------
  * Fault injection: for consumers' tests only. Engines never call these.
  * ------------------------------------------------------------------------ */
 
@@ -409,6 +569,11 @@ KVIDX_PUB_API int kvidx_pub_offset_endpoint(const char *endpoint, int32_t rank, 
  * PUB's high-water mark had dropped them. Adds to any count still pending.
  */
 KVIDX_PUB_API void kvidx_pub_skip_live(struct kvidx_pub *pub, uint64_t n);
+/*
+ * NATS: the next n messages flushed (events, or kvidx_pub_publish_payload
+ * payloads) consume their event ids and sequence numbers but are not
+ * published: consumers see a gap in event_id (and in the Core sequence).
+ */
 
 /**
  * FAULT INJECTION. Set the replay faults applied to requests received from
@@ -426,6 +591,9 @@ KVIDX_PUB_API int kvidx_pub_set_replay_faults(struct kvidx_pub *pub,
  * consumes no sequence number and never enters the replay ring. Also handy
  * as a probe to wait for a subscriber (PUB/SUB slow joiner). The frames are
  * copied. A pending batch is left pending.
+ * NATS: each frame is published unchanged as one message on the subject
+ * (JetStream: with js_Publish, acknowledged, without Nats-Msg-Id), so that
+ * bad payloads can be interleaved with events; raw_messages counts frames.
  * @param frames  n_frames pointers (a pointer may be NULL when its size is 0)
  * @return 0, -EINVAL (n_frames 0, NULL arrays), -EIO.
  */

@@ -1,0 +1,48 @@
+/*
+ * Test support: a private nats-server (JetStream on) per test program.
+ *
+ *     nats-server -a 127.0.0.1 -p -1 --ports_file_dir DIR -js -sd DIR/js
+ *
+ * in a fresh mkdtemp DIR; the random port is read from
+ * DIR/nats-server_<pid>.ports (JSON) with a bounded poll. The server is
+ * stopped by its pid (SIGTERM, waitpid; SIGKILL if it outlives the grace
+ * period) and DIR is removed. It also gets SIGTERM if the test program dies
+ * (PR_SET_PDEATHSIG), so no server outlives a crashed test.
+ *
+ * Binary: $KVI_NATS_SERVER, else "nats-server" on PATH, else
+ * /usr/sbin/nats-server. Its output goes to DIR/server.log (dumped to stderr
+ * by kvi_nats_server_dump_log).
+ *
+ * Link tests/net/nats_server_fixture.c into the test (tests/CMakeLists.txt,
+ * target_sources). Thread: the functions are called from one thread (the
+ * test's main thread); they never call cmocka asserts, so they may be used
+ * from setup and teardown functions.
+ */
+#ifndef KVI_TESTS_NATS_SERVER_FIXTURE_H
+#define KVI_TESTS_NATS_SERVER_FIXTURE_H
+
+#include <limits.h>
+#include <sys/types.h>
+
+struct kvi_nats_server {
+    pid_t pid;           /* 0: not running */
+    int port;
+    char dir[PATH_MAX];  /* the temporary directory, "" when none */
+    char url[64];        /* "nats://127.0.0.1:<port>" */
+};
+
+/**
+ * Start a server and wait (at most @p timeout_ms) until it wrote its ports
+ * file. On failure nothing is left running or on disk.
+ * @return 0, or a negative errno (-ETIMEDOUT when no ports file came, -ENOENT
+ *         when the binary is missing, -ECHILD when it exited early).
+ */
+int kvi_nats_server_start(struct kvi_nats_server *s, unsigned timeout_ms);
+
+/** Stop the server (if running) and remove its directory. Idempotent. */
+void kvi_nats_server_stop(struct kvi_nats_server *s);
+
+/** Copy DIR/server.log to stderr (for a failing test's diagnosis). */
+void kvi_nats_server_dump_log(const struct kvi_nats_server *s);
+
+#endif
