@@ -54,7 +54,7 @@
 #define KVP_NATS_JS_SUFFIX ".kv-events"
 #define KVP_NATS_MAX_AGE_NS (3600ll * 1000 * 1000 * 1000)
 /* "<u64>-<u32>-<u64>" */
-#define KVP_NATS_MSGID_MAX 48u
+#define KVP_NATS_MSGID_MAX 96u /* four u64 and three dashes: 83 */
 
 struct kvp_nats_ev {
     size_t off, len;   /* in buf */
@@ -500,8 +500,10 @@ int kvp_nats_flush(struct kvp_nats *n, uint64_t *seq)
             continue;
         }
         char id[KVP_NATS_MSGID_MAX];
-        snprintf(id, sizeof(id), "%llu-%u-%llu", (unsigned long long)n->worker_id, n->dp_rank,
-                 (unsigned long long)e->event_id);
+        /* the publisher id too: a restarted publisher (a new random id) starts its event ids
+         * at 0 again, and must not be dropped as a duplicate of its predecessor */
+        snprintf(id, sizeof(id), "%llu-%u-%llu-%llu", (unsigned long long)n->worker_id, n->dp_rank,
+                 (unsigned long long)n->publisher_id, (unsigned long long)e->event_id);
         natsStatus st = kvp_send(n, s, n->buf + e->off, e->len, id);
         if (st != NATS_OK) {
             failed = st;

@@ -717,19 +717,22 @@ static void test_jetstream(void **state)
     js_cat(&want[3], "\"cleared\"");
     js_tail(&want[3], 2);
     assert_non_null(strstr(want[0].b, "{\"worker_id\":18364758544493064720,"));
-    char id[64];
+    char id[128];
+    uint64_t pid = kvidx_pub_nats_publisher_id(p);
     for (int i = 0; i < 4; i++) {
-        snprintf(id, sizeof(id), "%" PRIu64 "-2-%d", BIG1, i);
+        snprintf(id, sizeof(id), "%" PRIu64 "-2-%" PRIu64 "-%d", BIG1, pid, i);
         expect_js_msg(js, stream, (uint64_t)i + 1, id, &want[i]);
     }
 
-    /* A restarted publisher (same worker, rank, stream; found, not created)
-     * repeats message ids 0..3: the server drops them. skip_live withholds
-     * id 4; send_raw adds a message without id. */
+    /* A publisher restarted with the same identity (worker, rank, stream and
+     * publisher id; the stream found, not created) repeats message ids 0..3:
+     * the server drops them. skip_live withholds id 4; send_raw adds a
+     * message without id. */
     kvidx_pub_destroy(p);
     c.flags = 0;
     c.nats_subject = NULL;
     c.nats_stream = stream;
+    c.nats_publisher_id = pid;
     p = kvidx_pub_create(&c);
     assert_non_null(p);
     for (int i = 0; i < 4; i++)
@@ -761,11 +764,26 @@ static void test_jetstream(void **state)
     js_head(&w, BIG1, "device", 5);
     js_cat(&w, "\"cleared\"");
     js_tail(&w, 2);
-    snprintf(id, sizeof(id), "%" PRIu64 "-2-5", BIG1);
+    snprintf(id, sizeof(id), "%" PRIu64 "-2-%" PRIu64 "-5", BIG1, pid);
     expect_js_msg(js, stream, 5, id, &w);
     w.n = 0;
     js_cat(&w, "{not json");
     expect_js_msg(js, stream, 6, NULL, &w);
+    kvidx_pub_destroy(p);
+
+    /* A restarted engine (a new random publisher id) starts again at event 0:
+     * its events are new messages, not duplicates. */
+    c.nats_publisher_id = 0;
+    p = kvidx_pub_create(&c);
+    assert_non_null(p);
+    assert_true(kvidx_pub_nats_publisher_id(p) != pid);
+    assert_int_equal(kvidx_pub_publish_cleared(p, NULL), 0);
+    assert_int_equal(kvidx_pub_flush(p, &seq), 0);
+    js_head(&w, BIG1, "device", 0);
+    js_cat(&w, "\"cleared\"");
+    js_tail(&w, 2);
+    snprintf(id, sizeof(id), "%" PRIu64 "-2-%" PRIu64 "-0", BIG1, kvidx_pub_nats_publisher_id(p));
+    expect_js_msg(js, stream, 7, id, &w);
     kvidx_pub_destroy(p);
     jsCtx_Destroy(js);
 }

@@ -178,10 +178,13 @@ enum kvidx_pub_socket_mode {
  * KVIDX_PUB_TRANSPORT_NATS_JETSTREAM publishes the RouterEvent as JSON with
  * js_Publish (waiting for the stream's acknowledgement) to the subject
  * "<stream>.kv-events", with header Nats-Msg-Id "<worker_id>-<dp_rank>-
- * <event_id>": the server drops a message whose id it saw within the
- * stream's duplicate window (2 minutes by default). A publisher restarted
- * with the same worker_id and dp_rank inside that window starts again at
- * event_id 0: its first events are dropped as duplicates.
+ * <publisher_id>-<event_id>": the server drops a message whose id it saw
+ * within the stream's duplicate window (2 minutes by default), so a publish
+ * retried after a lost acknowledgement is stored once. publisher_id is in
+ * the id because a restarted publisher starts again at event_id 0: with a
+ * new (random) publisher_id its events are new messages; one restarted with
+ * the same configured nats_publisher_id inside the window would have its
+ * first events dropped as duplicates.
  */
 enum kvidx_pub_transport {
     KVIDX_PUB_TRANSPORT_ZMQ = 0,            /**< vLLM batches over ZMQ (default) */
