@@ -5,7 +5,7 @@
  * The decoder is a resumable state machine over the outer structure
  * ({ key: { block_size, events: [ ... ] } ... }); each RouterEvent is cut out
  * whole (its extent found by a resumable bracket scan) and parsed with the
- * pull reader of api/body.h. Bytes before the current unit are dropped, so
+ * pull reader of net/body.h. Bytes before the current unit are dropped, so
  * the pending buffer holds at most one event plus one chunk.
  */
 #include "api/codec_dump.h"

@@ -2,9 +2,9 @@
  * Internals shared by the route codecs (api/codec_*.c): error helpers, the
  * table-driven object parser, score-row helpers and the compound raw
  * writers of the query answers. Built on the body layer's contract
- * (api/body.h) and msgpack primitives (net/msgpack_wire.h); the body layer
+ * (net/body.h) and msgpack primitives (net/msgpack_wire.h); the body layer
  * never includes this header. Not part of the API: handlers include
- * api/codec.h and api/body.h only.
+ * api/codec.h and net/body.h only.
  */
 #ifndef KVI_API_CODEC_INTERNAL_H
 #define KVI_API_CODEC_INTERNAL_H
@@ -26,7 +26,7 @@
  * produces for the same value (the codec tests compare both).
  */
 
-/* Decimal digits and JSON escaping: api/body.h (kvi__w_dec, kvi__w_json_esc). */
+/* Decimal digits and JSON escaping: net/body.h (kvi__w_dec, kvi__w_json_esc). */
 
 /** @p s JSON-escaped between quotes (room for 6 * @p len + 2 bytes). */
 static inline char *kvi__w_json_str(char *o, const char *s, size_t len)

@@ -1,6 +1,6 @@
 /*
  * POST /route codec and ranking (api/codec_route.h). The parser walks the
- * body with the shared pull reader (api/body.h) because the request mixes
+ * body with the shared pull reader (net/body.h) because the request mixes
  * floats and booleans with the token and hash arrays the table parser
  * handles; its error texts follow the Dynamo dialect's (codec_common.c).
  * The response has floats, which kvi_wr does not write, so it has its own

@@ -16,7 +16,7 @@
  *
  *   Per-thread scratch is indexed by the request's loop-thread number and
  *   created by the thread's first /route (the indexer port's thread hooks
- *   belong to api/routes_common.c).
+ *   belong to api/routes_table.c).
  */
 #include <errno.h>
 #include <stdalign.h>

@@ -2,6 +2,13 @@
  * kvidxd route table: mounts both HTTP dialects (http-api.md §1 Dynamo, §2
  * Conductor) on one net/http_server.h server.
  *
+ * FILES
+ *   routes_table.c     this header: the table, thread hooks, mounting
+ *   routes_dialect.c   the shared paths, dispatched on the dialect
+ *   routes_dynamo.c, routes_conductor.c   each dialect's handlers
+ *   routes_common.c    the helper library the route files share
+ *   routes_internal.h  what they share (not used outside api/routes_*.c)
+ *
  * ROUTES
  *   Dynamo:    GET /health /ready /status /metrics /workers /dump /peers;
  *              POST /register_peer /deregister_peer;

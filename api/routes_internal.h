@@ -1,6 +1,9 @@
 /*
- * Internals shared by the route files (routes_common.c, routes_dynamo.c,
- * routes_conductor.c). Not used outside api/routes_*.c.
+ * Internals shared by the indexer port's route files: routes_table.c (the
+ * table, api/routes_common.h), routes_common.c (the helper library),
+ * routes_dialect.c (the dialect dispatcher of the shared paths),
+ * routes_dynamo.c and routes_conductor.c (the two dialects). Not used
+ * outside api/routes_*.c.
  */
 #ifndef KVI_API_ROUTES_INTERNAL_H
 #define KVI_API_ROUTES_INTERNAL_H
@@ -50,14 +53,21 @@ struct kvi_ctl_req {
     uint8_t body[];
 };
 
-/* ---- helpers (routes_common.c) ---- */
+/* ---- helpers (routes_common.c) ----
+ * Loop thread (the request's) unless said otherwise. Out of memory while
+ * encoding is answered 500 "out of memory" (and logged); growing an array
+ * aborts (kvi_xmalloc). */
 
-/** Answer with @p b's bytes (copied). */
+/** Answer with @p b's bytes (copied); 500 when @p b had a failed append. */
 void kvi_routes_send(struct kvi_http_res *res, int status, const char *ctype, const struct kvi_buf *b);
 /** Answer an error in dialect @p d (Dynamo: JSON; Conductor: §2.8). */
 void kvi_routes_send_err(struct kvi_http_res *res, struct kvi_route_thread *t, enum kvi_dialect d,
                          enum kvi_body_enc enc, const struct kvi_api_err *e);
-/** Complete a deferred control request with @p b, or with the error when rc != 0. */
+/**
+ * Control thread: complete a deferred control request with @p b (status
+ * @p status, the request's encoding), or with the error @p e encoded in the
+ * request's dialect when @p rc != 0. Does not free @p c.
+ */
 void kvi_routes_complete(struct kvi_ctl_req *c, int rc, int status, const struct kvi_api_err *e,
                          const struct kvi_buf *b);
 /**
@@ -83,11 +93,25 @@ void kvi_routes_reserve(struct kvi_route_thread *t, size_t hashes, size_t tm, si
  */
 size_t kvi_routes_tiered(struct kvi_route_thread *t, const struct kvi_index *ix, const uint64_t *content,
                          const uint64_t *seq, size_t n);
-/** Copy a Dynamo control request and hand it to the control thread (answer deferred). */
+/** Response encoding: msgpack for a msgpack body or an Accept asking for it. Pure. */
+enum kvi_body_enc kvi_routes_enc(const struct kvi_http_req *req, enum kvi_ctype ct);
+
+/* ---- dialect dispatch (routes_dialect.c) ---- */
+
+/**
+ * Loop thread: copy a Dynamo control request @p r and hand it to the
+ * control thread, which runs it (kvi_routes_dyn_ctl); the answer is
+ * deferred, and is 503 "shutting down" when the service no longer takes
+ * requests.
+ */
 void kvi_routes_to_control(struct kvi_routes *rt, const struct kvi_http_req *req, struct kvi_http_res *res,
                            enum kvi_route r);
-/** Response encoding: msgpack for a msgpack body or an Accept asking for it. */
-enum kvi_body_enc kvi_routes_enc(const struct kvi_http_req *req, enum kvi_ctype ct);
+/**
+ * Control plane (kvi_routes_mount): mount the shared paths, each served by
+ * the dialect its request selects unless rt->cfg.api forces one.
+ * @return 0 or the negative error of kvi_http_server_route.
+ */
+int kvi_routes_shared_mount(struct kvi_routes *rt, struct kvi_http_server *srv);
 
 /* ---- Dynamo (routes_dynamo.c) ---- */
 

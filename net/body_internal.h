@@ -40,18 +40,29 @@ int kvi_rd__push(struct kvi_rd *rd, uint32_t remain);
 
 /** Skip JSON whitespace at the cursor (never fails). */
 void kvi_js__ws(struct kvi_rd *rd);
+/** As kvi_rd_peek. */
 enum kvi_vt kvi_js__peek(struct kvi_rd *rd);
+/** As kvi_rd_obj_begin. */
 int kvi_js__obj_begin(struct kvi_rd *rd);
+/** As kvi_rd_obj_next. */
 int kvi_js__obj_next(struct kvi_rd *rd, struct kvi_str *key);
+/** As kvi_rd_arr_begin. */
 int kvi_js__arr_begin(struct kvi_rd *rd);
+/** As kvi_rd_arr_next. */
 int kvi_js__arr_next(struct kvi_rd *rd);
+/** As kvi_rd_str. */
 int kvi_js__str(struct kvi_rd *rd, struct kvi_str *out);
+/** As kvi_rd_num (*out is already zeroed). */
 int kvi_js__num(struct kvi_rd *rd, struct kvi_num *out);
+/** As kvi_rd_bool. */
 int kvi_js__bool(struct kvi_rd *rd, bool *out);
+/** As kvi_rd_null. */
 bool kvi_js__null(struct kvi_rd *rd);
 /** kvi_rd_bin on a JSON body: KVI_RD_TYPE, or -EBADMSG on garbage. */
 int kvi_js__bin(struct kvi_rd *rd);
+/** As kvi_rd_skip. */
 int kvi_js__skip(struct kvi_rd *rd);
+/** As kvi_rd_describe (out[0] is already NUL; the reader is left unchanged). */
 void kvi_js__describe(struct kvi_rd *rd, char *out, size_t cap);
 /** kvi_rd_u32_array (@p width 4) or kvi_rd_u64_array (@p width 8); *out in scratch. */
 int kvi_js__int_array(struct kvi_rd *rd, int64_t min, uint64_t max, void **out, size_t *n_out,
@@ -65,18 +76,29 @@ const uint8_t *kvi_js__fast_skip(const uint8_t *p, const uint8_t *e);
 
 /* ---- msgpack reader (body_msgpack.c) ----------------------------------------- */
 
+/** As kvi_rd_peek. */
 enum kvi_vt kvi_mp__peek(struct kvi_rd *rd);
+/** As kvi_rd_obj_begin. */
 int kvi_mp__obj_begin(struct kvi_rd *rd);
+/** As kvi_rd_obj_next. */
 int kvi_mp__obj_next(struct kvi_rd *rd, struct kvi_str *key);
 /** kvi_rd_arr_begin; the element count in *@p count when @p count is not NULL. */
 int kvi_mp__arr_begin(struct kvi_rd *rd, uint32_t *count);
+/** As kvi_rd_arr_next. */
 int kvi_mp__arr_next(struct kvi_rd *rd);
+/** As kvi_rd_str. */
 int kvi_mp__str(struct kvi_rd *rd, struct kvi_str *out);
+/** As kvi_rd_num (*out is already zeroed). */
 int kvi_mp__num(struct kvi_rd *rd, struct kvi_num *out);
+/** As kvi_rd_bool. */
 int kvi_mp__bool(struct kvi_rd *rd, bool *out);
+/** As kvi_rd_null. */
 bool kvi_mp__null(struct kvi_rd *rd);
+/** As kvi_rd_bin. */
 int kvi_mp__bin(struct kvi_rd *rd, const uint8_t **p, size_t *len);
+/** As kvi_rd_skip. */
 int kvi_mp__skip(struct kvi_rd *rd);
+/** As kvi_rd_describe (out[0] is already NUL; the reader is left unchanged). */
 void kvi_mp__describe(struct kvi_rd *rd, char *out, size_t cap);
 /**
  * Read a msgpack integer at the cursor (the arrays' element path): 0 with
@@ -127,21 +149,32 @@ void kvi_js__wr_close(struct kvi_wr *w, bool obj);
 void kvi_js__wr_key(struct kvi_wr *w, const char *s, size_t len);
 /** Separator and one value. */
 void kvi_js__wr_str(struct kvi_wr *w, const char *s, size_t len);
+/** Separator and the decimal @p v. */
 void kvi_js__wr_u64(struct kvi_wr *w, uint64_t v);
+/** Separator and the decimal @p v ('-' when negative). */
 void kvi_js__wr_i64(struct kvi_wr *w, int64_t v);
+/** Separator and true or false. */
 void kvi_js__wr_bool(struct kvi_wr *w, bool v);
+/** Separator and null. */
 void kvi_js__wr_null(struct kvi_wr *w);
 
 /* ---- msgpack writer (body_msgpack.c): one item appended to @p b -------------------
  * Each writes the item's smallest encoding (net/msgpack_wire.h); a failed
  * growth sets b->oom and drops the item (kvi_buf's sticky error). */
 
+/** A map header for @p n entries. */
 void kvi_mp__put_map(struct kvi_buf *b, uint32_t n);
+/** An array header for @p n elements. */
 void kvi_mp__put_arr(struct kvi_buf *b, uint32_t n);
+/** A str of @p len bytes at @p s. */
 void kvi_mp__put_str(struct kvi_buf *b, const char *s, size_t len);
+/** An unsigned integer. */
 void kvi_mp__put_u64(struct kvi_buf *b, uint64_t v);
+/** A signed integer (non-negative values as unsigned). */
 void kvi_mp__put_i64(struct kvi_buf *b, int64_t v);
+/** nil. */
 void kvi_mp__put_nil(struct kvi_buf *b);
+/** true or false. */
 void kvi_mp__put_bool(struct kvi_buf *b, bool v);
 
 #endif

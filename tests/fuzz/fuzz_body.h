@@ -1,6 +1,6 @@
 /*
  * Helpers of the fuzz targets that parse HTTP request bodies (fuzz_codec.c,
- * fuzz_slots.c), on top of api/body.h:
+ * fuzz_slots.c), on top of net/body.h:
  *   - fz_dig_kstr / fz_kstr_is: digest and compare parsed string slices;
  *   - fz_check_doc: an encoded answer is one complete, valid document;
  *   - fz_transcode: the exact msgpack twin of a JSON body, so a target can

@@ -1,4 +1,4 @@
-/* ctest-labels: unit -- the body layer (api/body.h; body.c, body_json.c, body_msgpack.c): buffer, scratch, pull reader, writer */
+/* ctest-labels: unit -- the body layer (net/body.h; body.c, body_json.c, body_msgpack.c): buffer, scratch, pull reader, writer */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /*
- * JSON layer measurement behind the decision recorded in api/body_json.c: parse
+ * JSON layer measurement behind the decision recorded in net/body_json.c: parse
  * cost of /query bodies (4 Ki and 128 Ki token ids) and of a 1 Ki-hash
  * /query_by_hash body with kvidx's pull reader and with the Debian JSON
  * libraries (yajl 2.1 streaming callbacks, jansson 2.14 DOM, cJSON 1.7 DOM),
