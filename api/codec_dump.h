@@ -64,6 +64,7 @@
 
 #include "net/body.h"
 #include "engine/index.h"
+#include "engine/common.h"
 
 /* ---- encoder ------------------------------------------------------------------ */
 
@@ -200,13 +201,15 @@ struct kvi_dump_dec_cb {
 
 struct kvi_dump_dec;
 
+/** Free a decoder. */
+void kvi_dump_dec_destroy(struct kvi_dump_dec *d);
+
 /**
  * Create a decoder.
  * @return the decoder, or NULL with errno = ENOMEM.
  */
+KVI_DEALLOC(kvi_dump_dec_destroy, 1) KVI_WARN_UNUSED
 struct kvi_dump_dec *kvi_dump_dec_create(const struct kvi_dump_dec_cb *cb);
-/** Free a decoder. */
-void kvi_dump_dec_destroy(struct kvi_dump_dec *d);
 /**
  * Feed the next @p len bytes of the body.
  * @return 0, -EBADMSG (malformed or rejected dump: kvi_dump_dec_error says

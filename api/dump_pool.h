@@ -46,6 +46,7 @@
 #include "engine/namespace.h"
 #include "engine/writer.h"
 #include "net/listener.h"
+#include "engine/common.h"
 
 struct kvi_dump_pool;
 
@@ -58,11 +59,19 @@ struct kvi_dump_pool;
 typedef void (*kvi_dump_done_fn)(void *ctx, int rc);
 
 /**
+ * Close, join (waiting as long as it takes) and free the pool, and free the
+ * deleted namespaces it still held. NULL is a no-op. Before the writer pool
+ * and the registry are destroyed.
+ */
+void kvi_dump_pool_destroy(struct kvi_dump_pool *dp);
+
+/**
  * Create a pool over @p writers and @p nsreg (both must outlive it). No
  * thread starts until the first submit.
  * @param max_threads  dumps served at once (>= 1; more than 64 count as 64)
  * @return the pool, or NULL with errno = EINVAL (max_threads 0).
  */
+KVI_DEALLOC(kvi_dump_pool_destroy, 1) KVI_WARN_UNUSED
 struct kvi_dump_pool *kvi_dump_pool_create(struct kvi_writer_pool *writers, struct kvi_nsreg *nsreg,
                                            unsigned max_threads);
 
@@ -106,12 +115,5 @@ void kvi_dump_pool_close(struct kvi_dump_pool *dp);
  *         then not be destroyed.
  */
 int kvi_dump_pool_join(struct kvi_dump_pool *dp, const struct timespec *deadline);
-
-/**
- * Close, join (waiting as long as it takes) and free the pool, and free the
- * deleted namespaces it still held. NULL is a no-op. Before the writer pool
- * and the registry are destroyed.
- */
-void kvi_dump_pool_destroy(struct kvi_dump_pool *dp);
 
 #endif

@@ -28,8 +28,16 @@
 #include "api/service.h"
 #include "api/slot_service.h"
 #include "net/http_server.h"
+#include "engine/common.h"
 
 struct kvi_route_route;
+
+/**
+ * Free the state (main thread): after the indexer port is freed and after
+ * the slot service's mutation thread has exited (kvi_slot_service_stop or
+ * _free), since a commit there uses it. NULL is a no-op.
+ */
+void kvi_route_route_free(struct kvi_route_route *rr);
 
 /**
  * Create /route's state for an indexer port with @p n_threads loop threads
@@ -37,6 +45,7 @@ struct kvi_route_route;
  * both must outlive it. Main thread.
  * @return the state (never NULL: aborts on out-of-memory).
  */
+KVI_DEALLOC(kvi_route_route_free, 1) KVI_WARN_UNUSED
 struct kvi_route_route *kvi_route_route_create(struct kvi_slot_service *s, struct kvi_service *svc,
                                                unsigned n_threads);
 
@@ -47,12 +56,5 @@ struct kvi_route_route *kvi_route_route_create(struct kvi_slot_service *s, struc
  * @return 0 or the negative error of kvi_http_server_route (-EINVAL, -EBUSY).
  */
 int kvi_route_route_mount(struct kvi_route_route *rr, struct kvi_http_server *srv, size_t body_limit);
-
-/**
- * Free the state (main thread): after the indexer port is freed and after
- * the slot service's mutation thread has exited (kvi_slot_service_stop or
- * _free), since a commit there uses it. NULL is a no-op.
- */
-void kvi_route_route_free(struct kvi_route_route *rr);
 
 #endif

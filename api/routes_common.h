@@ -45,6 +45,7 @@
 
 #include "api/service.h"
 #include "net/http_server.h"
+#include "engine/common.h"
 
 /** Which dialect serves the shared paths. */
 enum kvi_api_mode {
@@ -66,10 +67,14 @@ struct kvi_routes_config {
 
 struct kvi_routes;
 
+/** Free the table (after the server is freed). */
+void kvi_routes_free(struct kvi_routes *rt);
+
 /**
  * Create the route table for @p svc, for a server with @p n_threads loop
  * threads. @return the table (never NULL: aborts on out-of-memory).
  */
+KVI_DEALLOC(kvi_routes_free, 1) KVI_WARN_UNUSED
 struct kvi_routes *kvi_routes_create(struct kvi_service *svc, const struct kvi_routes_config *cfg, unsigned n_threads);
 
 /** kvi_http_options.thread_init hook (ud = the table): per-thread scratch. */
@@ -82,8 +87,5 @@ void kvi_routes_thread_fini(unsigned thread, void *thread_ctx, void *ud);
  * @return 0 or the negative error of kvi_http_server_route.
  */
 int kvi_routes_mount(struct kvi_routes *rt, struct kvi_http_server *srv);
-
-/** Free the table (after the server is freed). */
-void kvi_routes_free(struct kvi_routes *rt);
 
 #endif

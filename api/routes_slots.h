@@ -45,8 +45,12 @@
 
 #include "api/slot_service.h"
 #include "net/http_server.h"
+#include "engine/common.h"
 
 struct kvi_slot_routes;
+
+/** Free the table (main thread, after the server it is mounted on is freed). NULL is a no-op. */
+void kvi_slot_routes_free(struct kvi_slot_routes *rt);
 
 /**
  * Create the slot port's route table for the service @p s, for a server with
@@ -55,6 +59,7 @@ struct kvi_slot_routes;
  * outlive the table. Main thread.
  * @return the table (never NULL: aborts on out-of-memory).
  */
+KVI_DEALLOC(kvi_slot_routes_free, 1) KVI_WARN_UNUSED
 struct kvi_slot_routes *kvi_slot_routes_create(struct kvi_slot_service *s, unsigned n_threads, size_t body_limit,
                                                bool test_endpoints);
 
@@ -74,8 +79,5 @@ void kvi_slot_routes_thread_fini(unsigned thread, void *thread_ctx, void *ud);
  * @return 0 or the negative error of kvi_http_server_route (-EINVAL, -EBUSY).
  */
 int kvi_slot_routes_mount(struct kvi_slot_routes *rt, struct kvi_http_server *srv);
-
-/** Free the table (main thread, after the server it is mounted on is freed). NULL is a no-op. */
-void kvi_slot_routes_free(struct kvi_slot_routes *rt);
 
 #endif

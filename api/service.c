@@ -36,6 +36,8 @@
 #include "engine/rcu.h"
 #include "net/log.h"
 
+static void svc_teardown(struct kvi_service *x);
+
 /** A function posted to the control thread (kvi_service_post), queued under qmu. */
 struct svc_cmd {
     struct svc_cmd *next;
@@ -111,7 +113,7 @@ struct kvi_service *kvi_service_create(const struct kvi_service_config *cfg)
     kvi_dump_pool_set_listeners(svc->dumps, svc->listeners);
     return svc;
 fail:
-    kvi_service_destroy(svc);
+    svc_teardown(svc);
     errno = err ? err : ENOMEM;
     return NULL;
 }
@@ -242,7 +244,7 @@ bool kvi_service_ctl_wait(struct kvi_service *svc, uint32_t ms)
     return !kvi_service_stopping(svc);
 }
 
-void kvi_service_destroy(struct kvi_service *svc)
+static void svc_teardown(struct kvi_service *svc)
 {
     if (svc == NULL)
         return;
@@ -470,4 +472,11 @@ static void svc_startup(struct kvi_service *svc, void *arg)
         kvi_log_info("waiting for %" PRIu64 " initial instance(s) to register (DYN_ROUTER_MIN_INITIAL_WORKERS)",
                      svc->cfg.min_initial_workers);
     kvi_svc__maybe_open_gate(svc);
+}
+
+/* The public destructor: the constructor's failure paths tear down through svc_teardown
+ * (GCC's -Wmismatched-dealloc holds kvi_service_destroy to what the constructor returned). */
+void kvi_service_destroy(struct kvi_service *x)
+{
+    svc_teardown(x);
 }

@@ -94,6 +94,7 @@
 #include "net/endpoint.h"
 #include "net/listener.h"
 #include "net/nats_source.h"
+#include "engine/common.h"
 
 struct kvi_nats_args;
 
@@ -134,12 +135,16 @@ struct kvi_service_config {
 
 struct kvi_service;
 
+/** Destroy the listener pool, the writer pool and the registry. After a successful stop. */
+void kvi_service_destroy(struct kvi_service *svc);
+
 /**
  * Create the service: registry, writer pool and gated listener pool (strings
  * of @p cfg are copied). Nothing is registered until kvi_service_start.
  * @return the service, or NULL with errno (EINVAL bad counts, ENOMEM, or the
  *         error of a pool constructor).
  */
+KVI_DEALLOC(kvi_service_destroy, 1) KVI_WARN_UNUSED
 struct kvi_service *kvi_service_create(const struct kvi_service_config *cfg);
 
 /**
@@ -165,9 +170,6 @@ void kvi_service_begin_stop(struct kvi_service *svc);
  *         caller must then not destroy the service (exit the process).
  */
 int kvi_service_stop(struct kvi_service *svc, uint32_t wait_ms);
-
-/** Destroy the listener pool, the writer pool and the registry. After a successful stop. */
-void kvi_service_destroy(struct kvi_service *svc);
 
 /** Whether shutdown has begun. Any thread. */
 bool kvi_service_stopping(const struct kvi_service *svc);

@@ -26,6 +26,8 @@
 #include "net/http_client.h"
 #include "net/log.h"
 
+static void slot_service_teardown(struct kvi_slot_service *x);
+
 #define TICK_NS 1000000000ull         /* stale-request cleanup period */
 #define BACKOFF_MIN_NS 100000000ull   /* first backoff of a failing peer */
 #define BACKOFF_MAX_NS 5000000000ull
@@ -860,7 +862,7 @@ struct kvi_slot_service *kvi_slot_service_create(const struct kvi_slot_service_c
     }
     s->slots = kvi_slots_create(&sc);
     if (s->slots == NULL) {
-        kvi_slot_service_free(s);
+        slot_service_teardown(s);
         errno = ENOMEM;
         return NULL;
     }
@@ -869,14 +871,14 @@ struct kvi_slot_service *kvi_slot_service_create(const struct kvi_slot_service_c
         const char *why = NULL;
         if (peer_norm(cfg->advertise, strlen(cfg->advertise), norm, &why) < 0) {
             kvi_log_error("--replica-sync-advertise: %s: %s", cfg->advertise, why);
-            kvi_slot_service_free(s);
+            slot_service_teardown(s);
             errno = EINVAL;
             return NULL;
         }
         s->cfg.advertise = xstrdup_or_null(norm);
     }
     if (cfg->peers != NULL && add_initial_peers(s, cfg->peers) != 0) {
-        kvi_slot_service_free(s);
+        slot_service_teardown(s);
         errno = EINVAL;
         return NULL;
     }
@@ -937,7 +939,7 @@ void kvi_slot_service_stop(struct kvi_slot_service *s)
     }
 }
 
-void kvi_slot_service_free(struct kvi_slot_service *s)
+static void slot_service_teardown(struct kvi_slot_service *s)
 {
     if (s == NULL)
         return;
@@ -1014,4 +1016,11 @@ void kvi_slot_service_stats(const struct kvi_slot_service *s, struct kvi_slot_se
     uint64_t head = atomic_load_explicit(&s->ring_head, memory_order_relaxed);
     out->sync_queue_depth = tail >= head ? tail - head : 0;
     out->sync_peers = atomic_load_explicit(&s->n_peers_live, memory_order_relaxed);
+}
+
+/* The public destructor: the constructor's failure paths tear down through slot_service_teardown
+ * (GCC's -Wmismatched-dealloc holds kvi_slot_service_free to what the constructor returned). */
+void kvi_slot_service_free(struct kvi_slot_service *x)
+{
+    slot_service_teardown(x);
 }

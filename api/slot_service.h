@@ -85,6 +85,7 @@
 #include "net/body.h"
 #include "engine/slots.h"
 #include "net/http_server.h"
+#include "engine/common.h"
 
 /** --slot-port values besides a port number. */
 #define KVI_SLOT_PORT_OFF 0        /* no slot port (the tracker still serves /route) */
@@ -145,12 +146,21 @@ void kvi_slot_service_usage(FILE *f);
 struct kvi_slot_service;
 
 /**
+ * Free the service (main thread; after stop, or without start: it stops
+ * first). Jobs posted but never run (the mutation thread never started) run
+ * here with stopping = true, so free it before the servers their answers
+ * were deferred on. NULL is a no-op.
+ */
+void kvi_slot_service_free(struct kvi_slot_service *s);
+
+/**
  * Create the service: the tracker, the queues and the peer list (strings of
  * @p cfg are copied). No thread starts yet. Main thread.
  * @return the service (free with kvi_slot_service_free), or NULL with errno
  *         EINVAL (a bad --replica-sync-peers or --replica-sync-advertise
  *         URL, logged) or ENOMEM.
  */
+KVI_DEALLOC(kvi_slot_service_free, 1) KVI_WARN_UNUSED
 struct kvi_slot_service *kvi_slot_service_create(const struct kvi_slot_service_config *cfg);
 
 /**
@@ -173,14 +183,6 @@ uint32_t kvi_slot_service_loads_page(const struct kvi_slot_service *s);
  * commits). Idempotent; a no-op before start.
  */
 void kvi_slot_service_stop(struct kvi_slot_service *s);
-
-/**
- * Free the service (main thread; after stop, or without start: it stops
- * first). Jobs posted but never run (the mutation thread never started) run
- * here with stopping = true, so free it before the servers their answers
- * were deferred on. NULL is a no-op.
- */
-void kvi_slot_service_free(struct kvi_slot_service *s);
 
 /* ---- operations the routes call (api/routes_slots.c, api/route_route.c) ------------------------ */
 

@@ -96,6 +96,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/common.h"
+
 /** Storage tiers. External folds into disk for cumulative tier walks. */
 enum kvi_tier {
     KVI_TIER_GPU = 0,
@@ -194,15 +196,16 @@ struct kvi_index_stats {
     uint64_t table_rebuild_ns;    /* monotonic time spent in them */
 };
 
+/** Destroy an index and everything it holds. No reader or writer may use it. */
+void kvi_index_destroy(struct kvi_index *ix);
+
 /**
  * Create an index.
  * @return the index, or NULL with errno = EINVAL (block_size 0, n_parts 0 or
  *         > 1024) or ENOMEM.
  */
+KVI_DEALLOC(kvi_index_destroy, 1) KVI_WARN_UNUSED
 struct kvi_index *kvi_index_create(const struct kvi_index_config *cfg);
-
-/** Destroy an index and everything it holds. No reader or writer may use it. */
-void kvi_index_destroy(struct kvi_index *ix);
 
 /** The namespace's block size. */
 uint32_t kvi_index_block_size(const struct kvi_index *ix);

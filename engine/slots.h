@@ -120,6 +120,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/common.h"
+
 /** Default stale-request age: 300 seconds. */
 #define KVI_SLOTS_STALE_NS (300ull * 1000000000ull)
 /** Default cap on the ranks of one tracker (kvidx's guard; the document has none). */
@@ -298,15 +300,16 @@ struct kvi_slots_stats {
 
 /* ---- lifetime --------------------------------------------------------------------- */
 
+/** Free the registry and everything in it. No other thread may use it. */
+void kvi_slots_destroy(struct kvi_slots *s);
+
 /**
  * Create an empty slot tracker registry.
  * @param cfg  options, or NULL for the defaults (copied)
  * @return the registry, or NULL with errno = ENOMEM.
  */
+KVI_DEALLOC(kvi_slots_destroy, 1) KVI_WARN_UNUSED
 struct kvi_slots *kvi_slots_create(const struct kvi_slots_config *cfg);
-
-/** Free the registry and everything in it. No other thread may use it. */
-void kvi_slots_destroy(struct kvi_slots *s);
 
 /* ---- topology (writers) ------------------------------------------------------------- */
 

@@ -118,10 +118,12 @@ struct kvi_router_event {
 
 struct kvi_router_decoder;
 
-/** A decoder. @return it, or NULL (ENOMEM). Free with kvi_router_decoder_free. */
-struct kvi_router_decoder *kvi_router_decoder_new(void) KVI_WARN_UNUSED;
 /** Free a decoder (NULL: no-op). */
 void kvi_router_decoder_free(struct kvi_router_decoder *d);
+
+/** A decoder. @return it, or NULL (ENOMEM). Free with kvi_router_decoder_free. */
+KVI_DEALLOC(kvi_router_decoder_free, 1) KVI_WARN_UNUSED
+struct kvi_router_decoder *kvi_router_decoder_new(void);
 
 /**
  * Decode one payload into @p out.

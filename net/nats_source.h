@@ -182,16 +182,17 @@ struct kvi_nats_worker_view {
 
 struct kvi_nats;
 
+/** Stop every source (unsubscribe, join), close the connection, free. NULL: no-op. */
+void kvi_nats_destroy(struct kvi_nats *n);
+
 /**
  * Create a plane and start connecting (in the background when no server
  * answers yet). @return the plane, or NULL with errno EINVAL (servers or
  * writers missing, a bad durable name, a URL libnats rejects), ENOMEM, or
  * EIO (libnats failed: logged).
  */
-struct kvi_nats *kvi_nats_create(const struct kvi_nats_config *cfg) KVI_WARN_UNUSED;
-
-/** Stop every source (unsubscribe, join), close the connection, free. NULL: no-op. */
-void kvi_nats_destroy(struct kvi_nats *n);
+KVI_DEALLOC(kvi_nats_destroy, 1) KVI_WARN_UNUSED
+struct kvi_nats *kvi_nats_create(const struct kvi_nats_config *cfg);
 
 /**
  * Add a source and start its thread. @return its index (>= 0), or -EINVAL
