@@ -146,3 +146,11 @@ void lfx_settle(struct lfx *f, uint64_t id, uint64_t w)
                   WAIT_MS);
     assert_true(ok);
 }
+
+struct kvidx_pub *lfx_replay_pub(struct lfx *f, uint64_t id)
+{
+    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
+    lfx_register(f, id, p, true, KVI_GAP_APPLY);
+    lfx_sync(f, p, id);
+    return p;
+}

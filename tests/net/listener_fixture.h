@@ -169,6 +169,10 @@ static inline uint64_t lfx_sync(struct lfx *f, struct kvidx_pub *p, uint64_t id)
     return lfx_sync_topic(f, p, id, "probe");
 }
 
+/* A publisher with replay on loopback TCP (lfx_pub), registered as instance
+ * @p id rank 0 with replay and KVI_GAP_APPLY, and synced (lfx_sync). */
+struct kvidx_pub *lfx_replay_pub(struct lfx *f, uint64_t id);
+
 /* Append a stored event for blocks [from, to) of chain c. */
 void pub_store(struct kvidx_pub *p, uint32_t c, uint32_t from, uint32_t to);
 

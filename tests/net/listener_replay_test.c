@@ -126,9 +126,7 @@ static void test_lost_replay_replies(void **state)
     (void)state;
     struct lfx f;
     lfx_init(&f, NULL);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
 
     struct kvidx_pub_replay_faults fl = {.drop_every = 4};
     assert_int_equal(kvidx_pub_set_replay_faults(p, &fl), 0);
@@ -160,9 +158,7 @@ static void test_replay_timeout_then_recovery(void **state)
     struct kvi_listeners_config cfg = {.replay_timeout_ms = 300};
     struct lfx f;
     lfx_init(&f, &cfg);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
 
     struct kvidx_pub_replay_faults silent = {.silent = true};
     assert_int_equal(kvidx_pub_set_replay_faults(p, &silent), 0);
@@ -207,9 +203,7 @@ static void test_live_during_replay(void **state)
     (void)state;
     struct lfx f;
     lfx_init(&f, NULL);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
 
     pub_chain(p, 0, 0, 2);             /* 0, 1: chain 0 blocks 0, 1 */
     kvidx_pub_skip_live(p, 1);
@@ -372,9 +366,7 @@ static void test_buffer_overflow_gives_up(void **state)
     struct kvi_listeners_config cfg = {.max_buffered = 3};
     struct lfx f;
     lfx_init(&f, &cfg);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
 
     pub_chain(p, 0, 0, 1);                  /* 0 */
     kvidx_pub_skip_live(p, 1);
@@ -485,9 +477,7 @@ static void test_replay_log_lines(void **state)
     /* a replay that fills the gap */
     struct lfx f;
     init_logging(&f, NULL, false);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
     pub_chain(p, 0, 0, 5);  /* 0..4 */
     kvidx_pub_skip_live(p, 3);
     pub_chain(p, 0, 5, 8);  /* 5..7 lost live */
@@ -507,9 +497,7 @@ static void test_replay_log_lines(void **state)
     /* a silent replay endpoint: given up at error, with the loss */
     struct kvi_listeners_config cfg = {.replay_timeout_ms = 300};
     init_logging(&f, &cfg, false);
-    p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 2, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 2);
+    p = lfx_replay_pub(&f, 2);
     struct kvidx_pub_replay_faults silent = {.silent = true};
     assert_int_equal(kvidx_pub_set_replay_faults(p, &silent), 0);
     pub_chain(p, 0, 0, 3);  /* 0..2 */
