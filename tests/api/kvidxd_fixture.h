@@ -79,14 +79,17 @@ struct kfx_daemon {
     char logfile[128];
 };
 
-
+/* Copy the file at @p path to stderr, framed (nothing when it cannot be opened). */
 void kfx_dump_file(const char *path);
 
 /* Kill what a failed test left running, print its log, remove its files. */
 void kfx_kill_leftovers(void);
 
+/* Record a started daemon (@p portfile not NULL) or forget the one with @p pid (portfile NULL) for
+ * kfx_kill_leftovers. */
 void kfx_track(pid_t pid, const char *portfile, const char *logfile);
 
+/* The kvidxd to start: $KVIDXD, KVIDXD_PATH, or ../api/kvidxd next to this program. */
 const char *kfx_binary(void);
 
 /* Print the daemon's log (on failures, or always with KVI_TEST_VERBOSE). */
@@ -102,6 +105,7 @@ static inline void kfx_dump_log(const struct kfx_daemon *d)
  */
 int kfx_start_rc(struct kfx_daemon *d, const char *const *args, const char *const *env);
 
+/* kfx_start_rc, failing the test (with the daemon's log) unless it started. */
 void kfx_start(struct kfx_daemon *d, const char *const *args, const char *const *env);
 
 /*
@@ -140,6 +144,7 @@ struct kfx_resp {
     long version; /* CURL_HTTP_VERSION_* of the answer */
 };
 
+/* libcurl write callback: append to the struct kfx_resp in @p ud (kept NUL-terminated). */
 size_t kfx_on_body(char *p, size_t sz, size_t nm, void *ud);
 
 static inline void kfx_resp_free(struct kfx_resp *r)

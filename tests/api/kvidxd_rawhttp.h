@@ -36,6 +36,7 @@
 
 /* ---- the process: limits, descriptors, memory ------------------------------------------------ */
 
+/* Set this process's soft descriptor limit to @p v (capped at the hard limit; RLIM_INFINITY: the hard limit). */
 void rh_set_nofile_soft(rlim_t v);
 
 /*
@@ -45,6 +46,7 @@ void rh_set_nofile_soft(rlim_t v);
  */
 void rh_raise_nofile_hard(rlim_t v);
 
+/* This process's hard descriptor limit. */
 rlim_t rh_nofile_hard(void);
 
 /* Start kvidxd with a soft descriptor limit of 1024, as a shell would give it. */
@@ -67,6 +69,7 @@ static inline long long rh_nofile_soft_of(pid_t pid)
 /* The targets of a process's descriptors, one per line (for failure messages). */
 char *rh_fd_list(pid_t pid);
 
+/* How many descriptors process @p pid has open (-1 when /proc cannot tell). */
 int rh_fd_count(pid_t pid);
 
 /* A metric that must exist. */
@@ -168,6 +171,7 @@ struct rh_h2_seen {
     bool bad;               /* a truncated or malformed frame */
 };
 
+/* Walk the HTTP/2 frames in @p r (after the server's preface) and note what came (struct rh_h2_seen). */
 void rh_h2_parse(const struct rh_raw *r, struct rh_h2_seen *s);
 
 /* ---- slow clients: a poll loop that drips bytes and notes closes ---------------------------------- */
@@ -185,6 +189,11 @@ struct rh_slow {
     char first[48];      /* their start */
 };
 
+/*
+ * Open slow client @p name on @p port (receive buffer @p rcvbuf, 0: default),
+ * send its first @p pre_len bytes, then let rh_slow_run drip @p drip @p step
+ * bytes every @p every_ms; @p no_read: never read the answers.
+ */
 void rh_slow_open(struct rh_slow *s, const char *name, uint16_t port, int rcvbuf, const void *pre, size_t pre_len,
                   const void *drip, size_t drip_len, size_t step, int every_ms, bool no_read);
 
@@ -221,6 +230,7 @@ struct rh_keep {
     struct kfx_resp r;
 };
 
+/* A kept-alive libcurl handle on daemon @p d (HTTP/1.1 or h2c, @p proto), JSON bodies, no Expect. */
 void rh_keep_init(struct rh_keep *k, const struct kfx_daemon *d, int proto);
 
 static inline void rh_keep_free(struct rh_keep *k)

@@ -82,8 +82,10 @@ extern int fx_printed;
 extern const char *fx_test_name;
 extern const struct fx_cfg *fx_cur_cfg;
 
+/* The configuration's name (parts, jump, ...) in buf, "-" for NULL. */
 void fx_cfg_name(const struct fx_cfg *c, char *buf, size_t n);
 
+/* Record one failed soft check at @p line: counted in fx_failures, printed with the configuration (the first 60). */
 void fx_fail(int line, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define FX_CHECK(line, cond, ...)                                                                  \
@@ -104,6 +106,7 @@ void fx_fail(int line, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 
 /* ---- index lifetime ------------------------------------------------------- */
 
+/* A fresh index of configuration @p c and block size @p bs in *f (with the lower-tier probe instance when c->probe). */
 void fx_open(struct fx *f, const struct fx_cfg *c, uint32_t bs);
 
 static inline void fx_close(struct fx *f)
@@ -125,10 +128,13 @@ static inline void fx_reset(struct fx *f)
 
 typedef void (*fx_scenario)(struct fx *f);
 
+/* Run scenario @p sc on a fresh index of every configuration (fx_cfgs); fails the cmocka test @p name at the end
+ * if any soft check failed. */
 void fx_run(fx_scenario sc, const char *name, uint32_t bs);
 
 /* ---- instances, chains, stores, removes -------------------------------------- */
 
+/* Dense instance id of worker @p id (interned on first use; @p shared: a shared pool). */
 uint32_t fx_inst(struct fx *f, uint64_t id, bool shared);
 /* Worker id -> dense instance id (interned on first use). */
 static inline uint32_t fx_w(struct fx *f, uint64_t id) { return fx_inst(f, id, false); }
@@ -151,6 +157,7 @@ static inline void fx_range(uint64_t *c, size_t n, uint64_t first)
         c[i] = first + i;
 }
 
+/* The standard seq hashes of chain[0 .. n) (malloc'ed: free it). */
 uint64_t *fx_seqs(const uint64_t *chain, size_t n);
 
 /* Standard engine hash of chain[i] (rolling hash of chain[0..i]). */
@@ -227,6 +234,7 @@ static inline size_t fx_tiered(const struct kvi_index *ix, const uint64_t *conte
     return r;
 }
 
+/* Matches by slot. */
 int fx_cmp_match(const void *a, const void *b);
 
 static inline void fx_print_matches(const char *what, const struct kvi_match *m, size_t n)
@@ -316,10 +324,14 @@ struct fx_snap {
     int line;
 };
 
+/* The public (numeric) id of dense instance @p inst; *shared (may be NULL) whether it is a shared pool. */
 uint64_t fx_pub(const struct kvi_index *ix, uint32_t inst, bool *shared);
 
+/* Dump tuples by every field: a total order for snapshots. */
 int fx_cmp_tuple(const void *a, const void *b);
 
+/* kvi_index_dump callback: append the block to the fx_snap in @p ctx, soft-checking that its parent came
+ * earlier, one position up. */
 void fx_dump_emit(void *ctx, const struct kvi_dump_block *b);
 
 /* Dump every partition of ix into s (tuples sorted; raw kept in emit order). */
@@ -340,6 +352,8 @@ static inline void fx_print_tuple(const char *what, const struct fx_tuple *t)
                 t->has_parent ? "" : "none/", t->peh, t->pos, t->seq, t->no_content ? " (no content)" : "");
 }
 
+/* Whether two sorted snapshots are equal; on a difference, a soft failure at @p line naming @p what and the
+ * first differing tuples. */
 bool fx_snap_equal(int line, const struct fx_snap *a, const struct fx_snap *b, const char *what);
 
 /* Snapshot of f's index equals `want` (taken earlier). */
@@ -365,8 +379,14 @@ struct fx_norm {
     uint32_t rank, a, b, c, tree;
 };
 
+/* Normalised answers by (public id, rank). */
 int fx_cmp_norm(const void *x, const void *y);
 
+/*
+ * One query's answers by public id, sorted (fx_cmp_norm): @p kind 0
+ * find_matches on content, 1 find_matches by seq hashes, 2 find_tiered on
+ * content, otherwise find_tiered by seq hashes. @return how many.
+ */
 size_t fx_norm_query(const struct kvi_index *ix, int kind, const uint64_t *q, size_t n,
                      struct fx_norm *out);
 

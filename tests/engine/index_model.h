@@ -105,6 +105,8 @@ static inline void *km_alloc(size_t n)
     return p;
 }
 
+/* Grow array @p p of @p elem-byte elements to hold @p need (capacity *cap, doubled from 16); aborts when out of
+ * memory. */
 void *km_grow(void *p, size_t elem, uint32_t *cap, uint32_t need);
 
 /* ---- a plain dictionary u64 -> u64 (linear probing, backward-shift delete) - */
@@ -128,6 +130,7 @@ static inline uint32_t km_map_home(const struct km_map *mp, uint64_t key)
     return (uint32_t)kvi_fmix64(key ^ 0x5851f42d4c957f2dull) & (mp->cap - 1);
 }
 
+/* Whether @p key is in the map; *at receives its slot. */
 bool km_map_find(const struct km_map *mp, uint64_t key, uint32_t *at);
 
 static inline bool km_map_get(const struct km_map *mp, uint64_t key, uint64_t *val)
@@ -140,12 +143,16 @@ static inline bool km_map_get(const struct km_map *mp, uint64_t key, uint64_t *v
     return true;
 }
 
+/* Insert or overwrite @p key -> @p val (grows the table past half full). */
 void km_map_put(struct km_map *mp, uint64_t key, uint64_t val);
 
+/* Rebuild the map with @p cap slots (a power of two). */
 void km_map_rehash(struct km_map *mp, uint32_t cap);
 
+/* Remove @p key; @return whether it was there. */
 bool km_map_del(struct km_map *mp, uint64_t key);
 
+/* *dst becomes an independent copy of *src (free both). */
 void km_map_clone(struct km_map *dst, const struct km_map *src);
 
 /* ---- the model ---------------------------------------------------------------- */
@@ -182,8 +189,10 @@ struct km_model {
     uint64_t cycles; /* stores rejected for dropping their own parent chain */
 };
 
+/* An empty model over dense instance ids [0, @p n_instances). */
 void km_init(struct km_model *m, uint32_t n_instances);
 
+/* Free everything the model holds; *m is zeroed. */
 void km_free(struct km_model *m);
 
 static inline uint32_t km_pf_home(const struct km_model *m, uint32_t parent, uint64_t content)
@@ -194,6 +203,7 @@ static inline uint32_t km_pf_home(const struct km_model *m, uint32_t parent, uin
 /* The id of prefix parent + [content], or KM_ROOT if never interned. */
 uint32_t km_lookup(const struct km_model *m, uint32_t parent, uint64_t content);
 
+/* The id of prefix parent + [content], interned if new. */
 uint32_t km_intern(struct km_model *m, uint32_t parent, uint64_t content);
 
 /* The interned prefix whose standard seq hash is seq, at position pos (a seq
@@ -228,6 +238,7 @@ static inline struct km_slot *km_slot_find(const struct km_model *m, uint32_t in
     return NULL;
 }
 
+/* A new empty slot (inst, rank, tier), appended in creation order (counted in st.slots). */
 struct km_slot *km_slot_create(struct km_model *m, uint32_t inst, uint32_t rank, enum kvi_tier tier);
 
 static inline bool km_holds(const struct km_slot *s, uint32_t pid)
@@ -243,6 +254,7 @@ static inline void km_block_add(struct km_model *m, struct km_slot *s, uint32_t 
     m->st.stored_blocks++;
 }
 
+/* Drop prefix @p pid from slot @p s (it must hold it), without its descendants; counted as removed. */
 void km_block_drop(struct km_model *m, struct km_slot *s, uint32_t pid);
 
 /*
@@ -295,6 +307,7 @@ void km_remove_cascade(struct km_model *m, struct km_slot *s, uint32_t pid);
 uint32_t km_resolve_parent(const struct km_model *m, uint32_t inst, uint32_t rank, enum kvi_tier tier,
                            uint64_t peh);
 
+/* Whether a run names its own parent or repeats an engine hash (the index rejects it whole). */
 bool km_run_invalid(bool has_parent, uint64_t peh, const struct kvi_block *b, size_t n);
 
 /*
@@ -374,10 +387,7 @@ static inline uint32_t km_tree_size(const struct km_model *m, uint32_t inst, uin
 /* Prefix ids of q[0..i] for each i while interned. @return how many. */
 size_t km_query_ids(const struct km_model *m, const uint64_t *q, size_t n, uint32_t *ids);
 
-/*
- * Gpu matches: every gpu slot with a score >= 1 (slot field 0), sorted by
- * (instance, dp_rank). @return count (all written: out holds n_slots).
- */
+/* Matches by (instance, dp_rank, depth). */
 static inline int km_cmp_match(const void *a, const void *b)
 {
     const struct kvi_match *x = a, *y = b;
@@ -388,6 +398,11 @@ static inline int km_cmp_match(const void *a, const void *b)
     return (x->depth > y->depth) - (x->depth < y->depth);
 }
 
+/*
+ * Gpu matches of content query @p q (n hashes): every gpu slot with a score
+ * >= 1 (slot field 0), sorted by (instance, dp_rank). @return count (all
+ * written: out holds n_slots).
+ */
 size_t km_match(const struct km_model *m, const uint64_t *q, size_t n, struct kvi_match *out);
 
 /* ---- dumps / canonical snapshots ------------------------------------------------ */
@@ -418,6 +433,7 @@ static inline void kd_sort(struct kd_set *d)
         qsort(d->r, d->n, sizeof *d->r, kd_cmp);
 }
 
+/* Print one dump record on @p f, labelled @p tag. */
 void kd_print_rec(FILE *f, const char *tag, const struct kvi_dump_block *r);
 
 /*
@@ -495,10 +511,13 @@ struct kw_op {
     long rc;             /* index result: store rc, remove known count */
 };
 
+/* The op kind's name ("store", "remove", ...). */
 const char *kw_kind_name(enum kw_kind k);
 
+/* Print @p op (kind, instance, rank, tier, blocks) on @p f. */
 void kw_op_print(FILE *f, const struct kw_op *op);
 
+/* *dst becomes a deep copy of *src (its blocks, seq hashes and content above); free it with kw_op_free. */
 void kw_op_copy(struct kw_op *dst, const struct kw_op *src);
 
 /* Free what kw_op_copy allocated. */
@@ -512,6 +531,7 @@ static inline void kw_op_free(struct kw_op *op)
     op->above = NULL;
 }
 
+/* Apply @p op to the model: a store's 0 / -ENOENT / -EINVAL, a remove's or store_known's count, 0 for the others. */
 long kw_apply_model(struct km_model *m, const struct kw_op *op);
 
 /* Single writer of the instance's partition only. */
@@ -544,6 +564,11 @@ struct kw_gen {
     uint32_t cap_above;
 };
 
+/*
+ * A generator seeded with @p seed over corpus @p corp, mutating instances
+ * inst[0 .. n_inst) on dp ranks [0, n_ranks); ids >= @p n_valid are unknown.
+ * Corner cases and placements on, no wild ops, default weights (struct kw_gen).
+ */
 void kw_gen_init(struct kw_gen *g, uint64_t seed, const struct kw_corpus *corp, const uint32_t *inst,
                  uint32_t n_inst, uint32_t n_ranks, uint32_t n_valid);
 
@@ -565,6 +590,7 @@ static inline void kw_set_above(struct kw_gen *g, const struct km_model *m, stru
     op->above = g->above;
 }
 
+/* Keep a copy of @p op in the history ring (duplicates of recent stores draw from it). */
 void kw_gen_remember(struct kw_gen *g, const struct kw_op *op);
 
 /* Engine hash naming style of an instance: arbitrary mix, the standard rolling
@@ -633,6 +659,7 @@ bool kw_guard(struct kw_gen *g, struct km_model *m, struct kw_op *op, bool fix);
  */
 void kw_fix_seqs(struct km_model *m, struct kw_op *op);
 
+/* A random non-empty slot (gpu only if @p gpu_only) of a picked instance; NULL after 8 misses. */
 const struct km_slot *kw_random_slot(struct kw_gen *g, const struct km_model *m, bool gpu_only);
 
 /* A random held block of a slot: its prefix id and engine hash. */
@@ -649,6 +676,7 @@ bool kw_holder_eh(const struct km_model *m, uint32_t inst, uint32_t rank, enum k
 /* Extend (gpu) or offload (lower tier) a chain of a random doc. */
 void kw_gen_chain(struct kw_gen *g, struct km_model *m, struct kw_op *op, bool lower);
 
+/* An engine hash no slot of (inst, rank) holds. */
 uint64_t kw_unknown_eh(struct kw_gen *g, const struct km_model *m, uint32_t inst, uint32_t rank);
 
 /*

@@ -149,6 +149,7 @@ static inline struct kvi_listener_key lfx_key(struct lfx *f, uint64_t id, uint32
 /* Register instance `id` rank 0 on pub's endpoints (connect mode). */
 void lfx_register(struct lfx *f, uint64_t id, struct kvidx_pub *p, bool replay, enum kvi_gap_policy pol);
 
+/* The listener info of instance @p id rank 0 (it must be registered). */
 struct kvi_listener_info lfx_info(struct lfx *f, uint64_t id);
 
 static inline uint64_t lfx_malformed(struct lfx *f, uint64_t id)
@@ -179,6 +180,7 @@ void pub_store(struct kvidx_pub *p, uint32_t c, uint32_t from, uint32_t to);
 /* Append a removed event for blocks [from, to) of chain c. */
 void pub_remove(struct kvidx_pub *p, uint32_t c, uint32_t from, uint32_t to);
 
+/* Flush @p p's pending events as one batch; @return its seq. */
 uint64_t pub_flush(struct kvidx_pub *p);
 
 /* Publish blocks [from, to) of chain c, one block per batch. @return the last seq. */
