@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "api/codec.h"
+#include "codec_ref.h"
 
 static struct kvi_scratch S;
 static struct kvi_api_err E;
@@ -579,40 +580,6 @@ static void test_scores(void **state)
 
 /* The encoder as it was written on kvi_wr_* (before the direct writer): the
  * reference the direct writer must match byte for byte. */
-
-static bool ref_same(const struct kvi_score_row *a, const struct kvi_score_row *b)
-{
-    if (a->name != NULL || b->name != NULL)
-        return a->name != NULL && b->name != NULL && strcmp(a->name, b->name) == 0;
-    return a->instance_id == b->instance_id;
-}
-
-static int ref_cmp(const struct kvi_score_row *x, const struct kvi_score_row *y)
-{
-    if (x->name != NULL || y->name != NULL) {
-        if (x->name == NULL)
-            return -1;
-        if (y->name == NULL)
-            return 1;
-        int c = strcmp(x->name, y->name);
-        if (c != 0)
-            return c;
-    } else if (x->instance_id != y->instance_id) {
-        return x->instance_id < y->instance_id ? -1 : 1;
-    }
-    return x->dp_rank < y->dp_rank ? -1 : x->dp_rank > y->dp_rank;
-}
-
-static void ref_sort(struct kvi_score_row *rows, size_t n) /* stable */
-{
-    for (size_t i = 1; i < n; i++) {
-        struct kvi_score_row x = rows[i];
-        size_t j = i;
-        for (; j > 0 && ref_cmp(&rows[j - 1], &x) > 0; j--)
-            rows[j] = rows[j - 1];
-        rows[j] = x;
-    }
-}
 
 static void ref_key(struct kvi_wr *w, const struct kvi_score_row *r)
 {

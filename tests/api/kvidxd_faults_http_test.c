@@ -92,6 +92,7 @@ static void want_score(char *out, size_t cap, unsigned n_blocks)
 #define DUMP_CHAINS 160  /* x 256 blocks: a /dump of about 9 MB, far over what the sockets buffer */
 #define DUMP_DEPTH 256
 #define N_SLOW 5
+_Static_assert(N_SLOW <= RH_SLOW_MAX, "slow_thread drives them in one rh_slow_run");
 #define WINDOW_MS 3000   /* how long the queries run against the slow clients */
 /*
  * Latency bounds. A loop that a slow client could stall shows up as many slow
@@ -110,6 +111,7 @@ static void want_score(char *out, size_t cap, unsigned n_blocks)
 static struct {
     struct rh_slow s[N_SLOW];
     atomic_bool stop;
+    atomic_int run_rc; /* the client thread's rh_slow_run result: it records, the main thread asserts */
     bool running;
     pthread_t th;
     int idle[IDLE_CONNS];
@@ -119,8 +121,13 @@ static struct {
 static void *slow_thread(void *arg)
 {
     (void)arg;
-    while (!atomic_load(&t1.stop))
-        rh_slow_run(t1.s, N_SLOW, 50);
+    while (!atomic_load(&t1.stop)) {
+        int rc = rh_slow_run(t1.s, N_SLOW, 50);
+        if (rc != 0) {
+            atomic_store(&t1.run_rc, rc);
+            break;
+        }
+    }
     return NULL;
 }
 
@@ -227,6 +234,7 @@ static void test_slow_clients(void **state)
     rh_slow_open(&s[3], "/dump never read", d.port, 2048, dump_req, strlen(dump_req), NULL, 0, 0, 20, true);
     rh_slow_open(&s[4], "pipelined queries never read", d.port, 2048, NULL, 0, pipe_req, pipe_len, 16384, 5, true);
     atomic_store(&t1.stop, false);
+    atomic_store(&t1.run_rc, 0);
     assert_int_equal(pthread_create(&t1.th, NULL, slow_thread, NULL), 0);
     t1.running = true;
 
@@ -287,6 +295,7 @@ static void test_slow_clients(void **state)
     rh_keep_free(&k);
 
     t1_stop_clients();
+    assert_int_equal(atomic_load(&t1.run_rc), 0); /* recorded by the client thread */
     /* still there: within the 60 s timeout nobody was cut, and no partial request was answered */
     for (int i = 0; i < N_SLOW; i++) {
         if (verbose())
@@ -397,7 +406,7 @@ static void test_idle_timeouts(void **state)
                  false);
     /* each closes within the timeout and its slack, dripping or not */
     for (int64_t end = kfx_now_ms() + 2 * IDLE_MS + CLOSE_SLACK_MS + 5000; kfx_now_ms() < end;) {
-        rh_slow_run(s, N - 1, 50);
+        assert_int_equal(rh_slow_run(s, N - 1, 50), 0);
         bool open = false;
         for (int i = 0; i < N - 1; i++)
             open |= s[i].closed_at < 0;

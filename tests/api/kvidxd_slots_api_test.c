@@ -464,6 +464,37 @@ static size_t walk_pages(const struct kfx_daemon *sv, const char *base, size_t p
     return walk_pages_of(sv, base, NULL, page, pages, NULL);
 }
 
+/* GET @p path (a cursor past the end of its listing) answers 200 [] with no next cursor. */
+static void expect_past_end(const struct kfx_daemon *sv, const char *path)
+{
+    struct kfx_resp r;
+    char cursor[512];
+    assert_int_equal(get_page(sv, path, &r, cursor, sizeof cursor), 200);
+    assert_string_equal(r.body, "[]");
+    assert_string_equal(cursor, "");
+    kfx_resp_free(&r);
+}
+
+/* The 400s of @p route's paging parameters, in this order: ?limit=0, ?limit=x,
+ * then ?cursor= each of @p bad_cursors (NULL-terminated). */
+static void expect_bad_paging(const struct kfx_daemon *sv, const char *route, const char *const *bad_cursors)
+{
+    static const char bad_limit[] = "{\"error\":\"invalid query parameter limit: expected an integer >= 1\"}";
+    char path[256], bad_cursor[256];
+    snprintf(path, sizeof path, "%s?limit=0", route);
+    kfx_expect_get(sv, path, 400, bad_limit);
+    snprintf(path, sizeof path, "%s?limit=x", route);
+    kfx_expect_get(sv, path, 400, bad_limit);
+    snprintf(bad_cursor, sizeof bad_cursor,
+             "{\"error\":\"invalid query parameter cursor: expected the X-Kvidx-Next-Cursor value "
+             "of a previous %s answer\"}",
+             route);
+    for (size_t i = 0; bad_cursors[i] != NULL; i++) {
+        snprintf(path, sizeof path, "%s?cursor=%s", route, bad_cursors[i]);
+        kfx_expect_get(sv, path, 400, bad_cursor);
+    }
+}
+
 /* The defaults: 1,024 models, dp_size 1,024, 16,384 ranks per /loads answer. */
 static void test_limits_defaults(void **state)
 {
@@ -558,20 +589,9 @@ static void test_limits_flags_and_paging(void **state)
     assert_int_equal(walk_pages(&sv, "/loads?tenant_id=default&limit=3", 3, &pages), 14);
     assert_int_equal(pages, 5);
     /* the last page carries no cursor; a cursor past the end answers [] */
-    assert_int_equal(get_page(&sv, "/loads?cursor=6d39.00.0.0", &r, cursor, sizeof cursor), 200);
-    assert_string_equal(r.body, "[]");
-    assert_string_equal(cursor, "");
-    kfx_resp_free(&r);
-    kfx_expect_get(&sv, "/loads?limit=0", 400,
-                   "{\"error\":\"invalid query parameter limit: expected an integer >= 1\"}");
-    kfx_expect_get(&sv, "/loads?limit=x", 400,
-                   "{\"error\":\"invalid query parameter limit: expected an integer >= 1\"}");
-    const char *bad_cursor = "{\"error\":\"invalid query parameter cursor: expected the X-Kvidx-Next-Cursor value "
-                             "of a previous /loads answer\"}";
-    kfx_expect_get(&sv, "/loads?cursor=zz", 400, bad_cursor);
-    kfx_expect_get(&sv, "/loads?cursor=6d3.00.1.1", 400, bad_cursor);
-    kfx_expect_get(&sv, "/loads?cursor=6d30.00.1.4294967296", 400, bad_cursor);
-    kfx_expect_get(&sv, "/loads?cursor=6d30.00.1", 400, bad_cursor);
+    expect_past_end(&sv, "/loads?cursor=6d39.00.0.0");
+    expect_bad_paging(&sv, "/loads",
+                      (const char *const[]){"zz", "6d3.00.1.1", "6d30.00.1.4294967296", "6d30.00.1", NULL});
     assert_int_equal(kfx_metric(&sv, "kvidx_slots_register_refused_models_total"), 1);
     assert_int_equal(kfx_metric(&sv, "kvidx_slots_register_refused_ranks_total"), 1);
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
@@ -670,23 +690,12 @@ static void test_workers_paging(void **state)
     }
     free(all);
     /* the last page carries no cursor; a cursor past the end answers [] */
-    assert_int_equal(get_page(&sv, "/workers?cursor=6d39.00.0", &r, cursor, sizeof cursor), 200);
-    assert_string_equal(r.body, "[]");
-    assert_string_equal(cursor, "");
-    kfx_resp_free(&r);
+    expect_past_end(&sv, "/workers?cursor=6d39.00.0");
     assert_true(kfx_metric(&sv, "kvidx_slots_workers_paged_total") > 0);
     /* errors: the same 400s as /loads; a /loads cursor is not a /workers cursor */
-    kfx_expect_get(&sv, "/workers?limit=0", 400,
-                   "{\"error\":\"invalid query parameter limit: expected an integer >= 1\"}");
-    kfx_expect_get(&sv, "/workers?limit=x", 400,
-                   "{\"error\":\"invalid query parameter limit: expected an integer >= 1\"}");
-    const char *bad_cursor = "{\"error\":\"invalid query parameter cursor: expected the X-Kvidx-Next-Cursor value "
-                             "of a previous /workers answer\"}";
-    kfx_expect_get(&sv, "/workers?cursor=zz", 400, bad_cursor);
-    kfx_expect_get(&sv, "/workers?cursor=6d3.00.1", 400, bad_cursor);
-    kfx_expect_get(&sv, "/workers?cursor=6d30.00", 400, bad_cursor);
-    kfx_expect_get(&sv, "/workers?cursor=6d30.00.18446744073709551616", 400, bad_cursor);
-    kfx_expect_get(&sv, "/workers?cursor=6d30.64656661756c74.1.1", 400, bad_cursor);
+    expect_bad_paging(&sv, "/workers",
+                      (const char *const[]){"zz", "6d3.00.1", "6d30.00", "6d30.00.18446744073709551616",
+                                            "6d30.64656661756c74.1.1", NULL});
     kfx_expect_get(&sv, "/loads?cursor=6d30.64656661756c74.1", 400,
                    "{\"error\":\"invalid query parameter cursor: expected the X-Kvidx-Next-Cursor value "
                    "of a previous /loads answer\"}");

@@ -2776,39 +2776,6 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* A publisher's seq hash at two depths (token-less RFC 1527 stores: the
- * hashes are the publisher's) names one entry per depth, each found at its
- * own: the seq table stays whole and both answer (fuzz_ingest finding). */
-static void test_seq_hash_at_two_depths(void **state)
-{
-    (void)state;
-    struct kvi_index_config cfg = {.block_size = 4, .n_parts = 1};
-    struct kvi_index *ix = kvi_index_create(&cfg);
-    assert_non_null(ix);
-    int64_t pool = kvi_index_intern_instance(ix, 0, "store-0", true);
-    int64_t w = kvi_index_intern_instance(ix, 2, NULL, false);
-    assert_true(pool >= 0 && w >= 0);
-    uint64_t s1[2] = {0x65, 0x66}, s2[1] = {0x66};
-    assert_int_equal(kvi_index_store_seq_only(ix, (uint32_t)pool, 0, KVI_TIER_CPU, false, 0, 0, s1, s1, 2), 0);
-    assert_int_equal(kvi_index_store_seq_only(ix, (uint32_t)w, 0, KVI_TIER_EXTERNAL, false, 0, 0, s2, s2, 1), 0);
-    char why[200];
-    if (kvi_index_check_tables(ix, why, sizeof why) != 0)
-        fail_msg("%s", why);
-    struct kvi_tier_match m[4];
-    kvi_rcu_read_lock();
-    size_t n = kvi_index_find_tiered(ix, NULL, s2, 1, m, 4); /* 0x66 at depth 0: instance 2 */
-    kvi_rcu_read_unlock();
-    assert_int_equal(n, 1);
-    assert_int_equal(m[0].instance, (uint32_t)w);
-    assert_int_equal(m[0].disk, 1);
-    uint32_t cpu = 0, disk = 0;
-    kvi_rcu_read_lock();
-    kvi_index_pool_depths(ix, NULL, s1, 2, &cpu, &disk); /* 0x65, 0x66: the pool's two blocks */
-    kvi_rcu_read_unlock();
-    assert_int_equal(cpu, 2);
-    kvi_index_destroy(ix);
-}
-
 /* kvi_index_check_tables passes on @p ix. */
 static void expect_tables_ok(const struct kvi_index *ix)
 {
@@ -2827,6 +2794,37 @@ static void expect_pool_depths(const struct kvi_index *ix, const uint64_t *q, si
     kvi_rcu_read_unlock();
     assert_int_equal(cpu, cpu_want);
     assert_int_equal(disk, disk_want);
+}
+
+/* A publisher's seq hash at two depths (token-less RFC 1527 stores: the
+ * hashes are the publisher's) names one entry per depth, each found at its
+ * own: the seq table stays whole and both answer (fuzz_ingest finding). */
+static void test_seq_hash_at_two_depths(void **state)
+{
+    (void)state;
+    struct kvi_index_config cfg = {.block_size = 4, .n_parts = 1};
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    int64_t pool = kvi_index_intern_instance(ix, 0, "store-0", true);
+    int64_t w = kvi_index_intern_instance(ix, 2, NULL, false);
+    assert_true(pool >= 0 && w >= 0);
+    uint64_t s1[2] = {0x65, 0x66}, s2[1] = {0x66};
+    assert_int_equal(kvi_index_store_seq_only(ix, (uint32_t)pool, 0, KVI_TIER_CPU, false, 0, 0, s1, s1, 2), 0);
+    assert_int_equal(kvi_index_store_seq_only(ix, (uint32_t)w, 0, KVI_TIER_EXTERNAL, false, 0, 0, s2, s2, 1), 0);
+    expect_tables_ok(ix);
+    struct kvi_tier_match m[4];
+    kvi_rcu_read_lock();
+    size_t n = kvi_index_find_tiered(ix, NULL, s2, 1, m, 4); /* 0x66 at depth 0: instance 2 */
+    kvi_rcu_read_unlock();
+    assert_int_equal(n, 1);
+    assert_int_equal(m[0].instance, (uint32_t)w);
+    assert_int_equal(m[0].disk, 1);
+    uint32_t cpu = 0, disk = 0;
+    kvi_rcu_read_lock();
+    kvi_index_pool_depths(ix, NULL, s1, 2, &cpu, &disk); /* 0x65, 0x66: the pool's two blocks */
+    kvi_rcu_read_unlock();
+    assert_int_equal(cpu, 2);
+    kvi_index_destroy(ix);
 }
 
 /* An index of block size 4 with the Mooncake pool "store-0" (*pool), which

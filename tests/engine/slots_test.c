@@ -1061,6 +1061,128 @@ static void test_dp_size_cap(void **state)
     kvi_slots_destroy(s);
 }
 
+/*
+ * One paged listing of the slot tracker (/loads or /workers): its whole
+ * listing, one page after a position, the check that a page entry equals the
+ * listing's, and the position after an entry (@p cap: the page size).
+ */
+struct paged {
+    size_t elem; /* sizeof one entry */
+    size_t (*all)(const struct kvi_slots *s, const struct kvi_slots_key *f, void *out, size_t cap);
+    size_t (*page)(const struct kvi_slots *s, const struct kvi_slots_key *f, const struct kvi_slots_pos *after,
+                   void *out, size_t cap);
+    void (*expect_same)(const void *page_entry, const void *listed);
+    struct kvi_slots_pos (*after)(const void *last, size_t cap);
+};
+
+/*
+ * Walking @p p's pages with any page size from the start, resuming after the
+ * last entry, yields exactly its whole listing, for each of @p nf filters
+ * (filters[0]: no filter, NULL).
+ */
+static void expect_paged_walk(struct kvi_slots *s, const struct paged *p, const struct kvi_slots_key *filters,
+                              size_t nf)
+{
+    union {
+        struct kvi_slots_load load[32];
+        struct kvi_slots_worker worker[32];
+    } all_, page_;
+    char *all = (char *)&all_, *page = (char *)&page_;
+    assert_true(p->elem * 32 <= sizeof all_);
+    for (size_t fi = 0; fi < nf; fi++) {
+        const struct kvi_slots_key *f = fi == 0 ? NULL : &filters[fi];
+        kvi_rcu_read_lock();
+        size_t n = p->all(s, f, all, 32);
+        assert_true(n <= 32);
+        for (size_t cap = 1; cap <= n + 1; cap++) {
+            struct kvi_slots_pos after;
+            size_t got = 0, k;
+            bool first = true;
+            do {
+                k = p->page(s, f, first ? NULL : &after, page, cap);
+                assert_true(k <= cap);
+                for (size_t i = 0; i < k; i++, got++) {
+                    assert_true(got < n);
+                    p->expect_same(page + i * p->elem, all + got * p->elem);
+                }
+                if (k > 0) {
+                    after = p->after(page + (k - 1) * p->elem, cap);
+                    first = false;
+                }
+            } while (k == cap);
+            assert_int_equal(got, n);
+        }
+        kvi_rcu_read_unlock();
+    }
+}
+
+static size_t loads_all(const struct kvi_slots *s, const struct kvi_slots_key *f, void *out, size_t cap)
+{
+    return kvi_slots_loads(s, f, out, cap);
+}
+
+static size_t loads_page(const struct kvi_slots *s, const struct kvi_slots_key *f, const struct kvi_slots_pos *after,
+                         void *out, size_t cap)
+{
+    return kvi_slots_loads_page(s, f, after, out, cap);
+}
+
+static void loads_same(const void *x, const void *y)
+{
+    const struct kvi_slots_load *a = x, *b = y;
+    assert_int_equal(a->model_len, b->model_len);
+    assert_memory_equal(a->model, b->model, b->model_len);
+    assert_int_equal(a->tenant_len, b->tenant_len);
+    assert_memory_equal(a->tenant, b->tenant, b->tenant_len);
+    assert_int_equal(a->worker_id, b->worker_id);
+    assert_int_equal(a->dp_rank, b->dp_rank);
+}
+
+static struct kvi_slots_pos loads_after(const void *x, size_t cap)
+{
+    const struct kvi_slots_load *l = x;
+    (void)cap;
+    return (struct kvi_slots_pos){{l->model, l->model_len, l->tenant, l->tenant_len}, l->worker_id, l->dp_rank};
+}
+
+static const struct paged loads_paged = {sizeof(struct kvi_slots_load), loads_all, loads_page, loads_same,
+                                         loads_after};
+
+static size_t workers_all(const struct kvi_slots *s, const struct kvi_slots_key *f, void *out, size_t cap)
+{
+    return kvi_slots_workers(s, f, out, cap);
+}
+
+static size_t workers_page(const struct kvi_slots *s, const struct kvi_slots_key *f,
+                           const struct kvi_slots_pos *after, void *out, size_t cap)
+{
+    return kvi_slots_workers_page(s, f, after, out, cap);
+}
+
+static void workers_same(const void *x, const void *y)
+{
+    const struct kvi_slots_worker *a = x, *b = y;
+    assert_int_equal(a->model_len, b->model_len);
+    assert_memory_equal(a->model, b->model, b->model_len);
+    assert_int_equal(a->tenant_len, b->tenant_len);
+    assert_memory_equal(a->tenant, b->tenant, b->tenant_len);
+    assert_int_equal(a->worker_id, b->worker_id);
+    assert_int_equal(a->block_size, b->block_size);
+    assert_int_equal(a->dp_start, b->dp_start);
+    assert_int_equal(a->dp_size, b->dp_size);
+}
+
+/* The position's dp_rank is ignored by /workers: give it junk. */
+static struct kvi_slots_pos workers_after(const void *x, size_t cap)
+{
+    const struct kvi_slots_worker *w = x;
+    return (struct kvi_slots_pos){{w->model, w->model_len, w->tenant, w->tenant_len}, w->worker_id,
+                                  (uint32_t)(cap * 7919u)};
+}
+
+static const struct paged workers_paged = {sizeof(struct kvi_slots_worker), workers_all, workers_page, workers_same,
+                                           workers_after};
+
 /* Issue 18: /loads pages: walking kvi_slots_loads_page with any page size
  * from the start, resuming after the last entry, yields exactly
  * kvi_slots_loads' listing, with and without filters. */
@@ -1073,39 +1195,7 @@ static void test_loads_page(void **state)
     assert_int_equal(reg(s, "a", "default", 4, 16, 0, 2), 0);
     assert_int_equal(reg(s, "c", "default", 1, 16, 0, 4), 0);
     const struct kvi_slots_key filters[] = {{NULL, 0, NULL, 0}, K("b", NULL), K(NULL, "default"), K("zz", NULL)};
-    for (size_t fi = 0; fi < 4; fi++) {
-        const struct kvi_slots_key *f = fi == 0 ? NULL : &filters[fi];
-        struct kvi_slots_load all[32], page[32];
-        kvi_rcu_read_lock();
-        size_t n = kvi_slots_loads(s, f, all, 32);
-        assert_true(n <= 32);
-        for (size_t cap = 1; cap <= n + 1; cap++) {
-            struct kvi_slots_pos after;
-            size_t got = 0, k;
-            bool first = true;
-            do {
-                k = kvi_slots_loads_page(s, f, first ? NULL : &after, page, cap);
-                assert_true(k <= cap);
-                for (size_t i = 0; i < k; i++, got++) {
-                    assert_true(got < n);
-                    assert_int_equal(page[i].model_len, all[got].model_len);
-                    assert_memory_equal(page[i].model, all[got].model, all[got].model_len);
-                    assert_int_equal(page[i].tenant_len, all[got].tenant_len);
-                    assert_memory_equal(page[i].tenant, all[got].tenant, all[got].tenant_len);
-                    assert_int_equal(page[i].worker_id, all[got].worker_id);
-                    assert_int_equal(page[i].dp_rank, all[got].dp_rank);
-                }
-                if (k > 0) {
-                    after = (struct kvi_slots_pos){{page[k - 1].model, page[k - 1].model_len,
-                                                         page[k - 1].tenant, page[k - 1].tenant_len},
-                                                        page[k - 1].worker_id, page[k - 1].dp_rank};
-                    first = false;
-                }
-            } while (k == cap);
-            assert_int_equal(got, n);
-        }
-        kvi_rcu_read_unlock();
-    }
+    expect_paged_walk(s, &loads_paged, filters, 4);
     /* a cursor naming a tracker or rank that no longer exists resumes after its place */
     struct kvi_slots_load page[32];
     struct kvi_slots_pos gone = {K("b", "default"), 3, 0};
@@ -1138,41 +1228,7 @@ static void test_workers_page(void **state)
     assert_int_equal(reg(s, "c", "default", UINT64_MAX, 8, 0, 1), 0); /* resuming after it must not wrap */
     const struct kvi_slots_key filters[] = {{NULL, 0, NULL, 0}, K("b", NULL), K(NULL, "default"), K("zz", NULL),
                                             K("a", "default")};
-    for (size_t fi = 0; fi < 5; fi++) {
-        const struct kvi_slots_key *f = fi == 0 ? NULL : &filters[fi];
-        struct kvi_slots_worker all[32], page[32];
-        kvi_rcu_read_lock();
-        size_t n = kvi_slots_workers(s, f, all, 32);
-        assert_true(n <= 32);
-        for (size_t cap = 1; cap <= n + 1; cap++) {
-            struct kvi_slots_pos after;
-            size_t got = 0, k;
-            bool first = true;
-            do {
-                k = kvi_slots_workers_page(s, f, first ? NULL : &after, page, cap);
-                assert_true(k <= cap);
-                for (size_t i = 0; i < k; i++, got++) {
-                    assert_true(got < n);
-                    assert_int_equal(page[i].model_len, all[got].model_len);
-                    assert_memory_equal(page[i].model, all[got].model, all[got].model_len);
-                    assert_int_equal(page[i].tenant_len, all[got].tenant_len);
-                    assert_memory_equal(page[i].tenant, all[got].tenant, all[got].tenant_len);
-                    assert_int_equal(page[i].worker_id, all[got].worker_id);
-                    assert_int_equal(page[i].block_size, all[got].block_size);
-                    assert_int_equal(page[i].dp_start, all[got].dp_start);
-                    assert_int_equal(page[i].dp_size, all[got].dp_size);
-                }
-                if (k > 0) {
-                    after = (struct kvi_slots_pos){{page[k - 1].model, page[k - 1].model_len, page[k - 1].tenant,
-                                                    page[k - 1].tenant_len},
-                                                   page[k - 1].worker_id, (uint32_t)(cap * 7919u)};
-                    first = false;
-                }
-            } while (k == cap);
-            assert_int_equal(got, n);
-        }
-        kvi_rcu_read_unlock();
-    }
+    expect_paged_walk(s, &workers_paged, filters, 5);
     /* a position naming a tracker or worker that no longer exists resumes after its place */
     struct kvi_slots_worker page[32];
     struct kvi_slots_pos gone = {K("b", "default"), 3, 0};

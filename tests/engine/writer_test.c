@@ -235,6 +235,28 @@ static struct kvi_index *index_new(uint32_t n_parts, uint32_t n_inst)
     return ix;
 }
 
+/* ---- a pool with one producer ------------------------------------------------ */
+
+/* A writer pool (kvi_writer_pool_create(@p n_writers, @p ring_cap), in
+ * *pool) and one producer of it, which is returned; both checked non-NULL. */
+static struct kvi_producer *pool_open(uint32_t n_writers, uint32_t ring_cap, struct kvi_writer_pool **pool)
+{
+    *pool = kvi_writer_pool_create(n_writers, ring_cap);
+    assert_non_null(*pool);
+    struct kvi_producer *p = kvi_producer_create(*pool);
+    assert_non_null(p);
+    return p;
+}
+
+/* The producer forgets @p ix, then the producer, the pool and @p ix are destroyed. */
+static void pool_close(struct kvi_writer_pool *pool, struct kvi_producer *p, struct kvi_index *ix)
+{
+    kvi_producer_forget_index(p, ix);
+    kvi_producer_destroy(p);
+    kvi_writer_pool_destroy(pool);
+    kvi_index_destroy(ix);
+}
+
 /* ---- canonical snapshots ----------------------------------------------------- */
 
 struct snap {
@@ -581,10 +603,8 @@ static size_t scenario(struct kvi_producer *p, struct kvi_index *ix, struct kvi_
 
 static void run_ordered(bool as_burst)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 0, &pool);
     struct kvi_index *ix = index_new(NW, 6), *ref = index_new(NW, 6);
     struct expect e = {0};
     struct qrow want[16], got[MAX_MATCH];
@@ -602,10 +622,7 @@ static void run_ordered(bool as_burst)
     assert_stats_match(pool, &e);
     assert_same_state(p, ix, ref, 6);
 
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
     kvi_index_destroy(ref);
 }
 
@@ -623,10 +640,8 @@ static void test_ordered_ops_burst(void **state)
  * as singles and bursts that alternate between partitions. */
 static void test_ordered_rounds(void **state)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 64);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 64, &pool);
     enum { NI = 4, ROUNDS = 300 };
     struct kvi_index *ix = index_new(NW, NI), *ref = index_new(NW, NI);
     struct expect e = {0};
@@ -654,10 +669,7 @@ static void test_ordered_rounds(void **state)
     kvi_producer_flush(p);
     assert_stats_match(pool, &e);
     assert_same_state(p, ix, ref, NI);
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
     kvi_index_destroy(ref);
 }
 
@@ -666,10 +678,8 @@ static void test_ordered_rounds(void **state)
 /* After each flush, a registered RCU reader sees the whole chain so far. */
 static void test_flush_visibility(void **state)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 0, &pool);
     struct kvi_index *ix = index_new(NW, 2);
     struct qrow got[MAX_MATCH];
     for (uint32_t pos = 0; pos < CHAIN_LEN; pos++) {
@@ -692,10 +702,7 @@ static void test_flush_visibility(void **state)
     assert_int_equal(query(ix, 1, CHAIN_LEN, false, got), 1);
     assert_int_equal(got[0].inst, 1);
     assert_int_equal(kvi_index_tree_size(ix, 0, 0), 0);
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
 }
 
 struct call_rec {
@@ -728,10 +735,8 @@ static void record_call(void *arg, uint32_t writer)
 static void test_call_runs_on_writer(void **state)
 {
     const uint32_t nw = 4;
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(nw, 8);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(nw, 8, &pool);
     struct kvi_index *ix = index_new(nw, 8);
     pthread_t thr[4];
     for (uint32_t round = 0; round < 3; round++) {
@@ -760,10 +765,7 @@ static void test_call_runs_on_writer(void **state)
     kvi_producer_call(p, nw - 1, record_call, &r);
     assert_int_equal(r.writer, nw - 1);
     assert_true(pthread_equal(r.thr, thr[nw - 1]));
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
 }
 
 /* kvi_producer_dump: every partition emitted once, on its own writer, never
@@ -772,10 +774,8 @@ static void test_call_runs_on_writer(void **state)
 static void test_dump_matches_direct(void **state)
 {
     const uint32_t nw = 3, ni = 9;
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(nw, 0);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(nw, 0, &pool);
     struct kvi_index *ix = index_new(nw, ni), *ref = index_new(nw, ni);
     struct expect e = {0};
     uint64_t rng = 7;
@@ -846,29 +846,21 @@ static void test_dump_matches_direct(void **state)
         }
         snap_free(&pw);
     }
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
     kvi_index_destroy(ref);
 }
 
 /* A dump of an empty index emits nothing. */
 static void test_dump_empty(void **state)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 0, &pool);
     struct kvi_index *ix = index_new(NW, 4);
     struct snap got = {0};
     kvi_producer_dump(p, ix, snap_emit, &got);
     assert_int_equal(got.n, 0);
     snap_free(&got);
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
 }
 
 /* ---- tests: backpressure and statistics --------------------------------------- */
@@ -877,10 +869,8 @@ static void test_dump_empty(void **state)
  * is lost, outcomes are counted, producers stall. */
 static void test_backpressure(void **state)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 2);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 2, &pool);
     enum { NI = 4, TOTAL = 6000 };
     struct kvi_index *ix = index_new(NW, NI), *ref = index_new(NW, NI);
     struct expect e = {0};
@@ -932,10 +922,7 @@ static void test_backpressure(void **state)
     stats_sum(pool, &s);
     assert_true(s.stalls > 0); /* bursts larger than a ring must wait */
     assert_same_state(p, ix, ref, NI);
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
     kvi_index_destroy(ref);
 }
 
@@ -1008,10 +995,7 @@ static void test_writer_stats(void **state)
     /* an allocated op that is never submitted */
     kvi_op_free(op_store(ix, 0, 0, KVI_TIER_GPU, 0, 0, 3, true));
 
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
 }
 
 /* ---- tests: token-less stores and sinks ----------------------------------------- */
@@ -1025,10 +1009,8 @@ static void test_writer_stats(void **state)
  */
 static void test_token_less_ops(void **state)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 16);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 16, &pool);
     enum { NI = 6, TOTAL = 3000 };
     struct kvi_index *ix = index_new(NW, NI), *ref = index_new(NW, NI);
     struct expect e = {0};
@@ -1109,10 +1091,7 @@ static void test_token_less_ops(void **state)
     }
     assert_true(no_content > 0);
     snap_free(&got);
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
     kvi_index_destroy(ref);
 }
 
@@ -1250,10 +1229,8 @@ static void probe_emit(void *ctx, const struct kvi_dump_block *b)
 static void test_sink_applied_position(void **state)
 {
     (void)state;
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 0, &pool);
     struct kvi_index *ix = index_new(NW, 2); /* instance 0: writer 0 */
     struct kvi_op_sink a;
     memset(&a, 0, sizeof a);
@@ -1294,10 +1271,7 @@ static void test_sink_applied_position(void **state)
     struct applied_probe pr2 = {.sink = &a};
     kvi_producer_dump_partition_pre(p, ix, NW, probe_pre, probe_emit, &pr2);
     assert_false(pr2.pre_ran);
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
 }
 
 struct blocker {
@@ -1365,10 +1339,7 @@ static void test_queued_while_writer_busy(void **state)
     assert_int_equal(st.queued, 0);
     assert_int_equal(st.ops, 6);
     assert_int_equal(kvi_index_tree_size(ix, 0, 0), 5);
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
 }
 
 /* Idle writers go to sleep and a plain submit (no flush) wakes them
@@ -1377,10 +1348,8 @@ static void test_queued_while_writer_busy(void **state)
  * sleep since its last op, so every submit is one that must wake it. */
 static void test_sleep_and_wake(void **state)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 0, &pool);
     struct kvi_index *ix = index_new(NW, 2);
     enum { TRIALS = 20 };
     int slow = 0;
@@ -1420,10 +1389,7 @@ static void test_sleep_and_wake(void **state)
     assert_true(slow <= TRIALS / 4);
     assert_int_equal(kvi_index_tree_size(ix, 0, 0), TRIALS / NW);
     assert_int_equal(kvi_index_tree_size(ix, 1, 0), TRIALS / NW);
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
 }
 
 /* ---- tests: teardown ---------------------------------------------------------- */
@@ -1433,10 +1399,8 @@ static void test_sleep_and_wake(void **state)
  * (ASan/LSan: no leak, no use after free when the writers idle afterwards). */
 static void test_forget_index_then_destroy(void **state)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 0);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 0, &pool);
     for (int round = 0; round < 6; round++) {
         struct kvi_index *ix = index_new(NW, 6), *ref = index_new(NW, 6);
         uint64_t rng = (uint64_t)round + 1000;
@@ -1484,10 +1448,8 @@ static void test_forget_index_then_destroy(void **state)
 static void test_forget_index_while_busy(void **state)
 {
     enum { BACKLOG = 40000 }; /* ops per writer: tens of ms of work */
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 2 * BACKLOG);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 2 * BACKLOG, &pool);
     struct kvi_index *ix = index_new(NW, 4), *other = index_new(NW, 2);
     /* hold both writers; queue ops that dirty ix (with retired memory) and
      * the backlog behind them; release them */
@@ -1539,10 +1501,8 @@ static void test_forget_index_while_busy(void **state)
  * core running a reader an IPI), and still frees it when it goes to sleep. */
 static void test_idle_reclaim_rate_limited(void **state)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(1, 64);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(1, 64, &pool);
     struct kvi_index *ix = index_new(1, 1);
     struct kvi_writer_stats st;
     kvi_writer_stats(pool, 0, &st);
@@ -1583,10 +1543,7 @@ static void test_idle_reclaim_rate_limited(void **state)
         kvi_writer_stats(pool, 0, &st);
     } while (st.idle_reclaims == last && kvi_now_ns() < deadline);
     assert_true(st.idle_reclaims > last);
-    kvi_producer_forget_index(p, ix);
-    kvi_producer_destroy(p);
-    kvi_writer_pool_destroy(pool);
-    kvi_index_destroy(ix);
+    pool_close(pool, p, ix);
 }
 
 struct stall_producer {
@@ -1657,10 +1614,8 @@ static void test_full_ring_producer_sleeps(void **state)
  * returns, and the pool shuts down cleanly after it. */
 static void test_pool_destroy_drains(void **state)
 {
-    struct kvi_writer_pool *pool = kvi_writer_pool_create(NW, 16);
-    assert_non_null(pool);
-    struct kvi_producer *p = kvi_producer_create(pool);
-    assert_non_null(p);
+    struct kvi_writer_pool *pool;
+    struct kvi_producer *p = pool_open(NW, 16, &pool);
     enum { NI = 4 };
     struct kvi_index *ix = index_new(NW, NI), *ref = index_new(NW, NI);
     struct expect e = {0};

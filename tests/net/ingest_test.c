@@ -187,6 +187,16 @@ static void fill_tokens(uint32_t *tok, uint32_t n, uint32_t first)
         tok[i] = first + i;
 }
 
+/* Tokens of @p n blocks from @p first (fill_tokens) in tok, their content
+ * hashes (base model) in c and, when @p s is not NULL, their seq hashes in s. */
+static void chain_hashes(uint32_t *tok, uint32_t n, uint32_t first, uint64_t *c, uint64_t *s)
+{
+    fill_tokens(tok, n * BS, first);
+    kvi_hash_blocks(tok, (size_t)n * BS, BS, KVI_HASH_SEED, c, n);
+    if (s != NULL)
+        kvi_seq_hashes(c, n, s);
+}
+
 /* ---- queries ------------------------------------------------------------------ */
 
 /* Gpu depth of (inst, rank) for a content query (0 when absent). */
@@ -404,10 +414,9 @@ static void test_block_size_mismatch(void **state)
     struct reg r;
     reg_init(&r, f, 1, 0);
     uint32_t tok[3 * BS];
-    fill_tokens(tok, 3 * BS, 1);
     uint64_t h[3] = {11, 12, 13};
     uint64_t c[3];
-    kvi_hash_blocks(tok, 3 * BS, BS, KVI_HASH_SEED, c, 3);
+    chain_hashes(tok, 3, 1, c, NULL);
 
     /* event block_size differs: zero blocks, even with enough tokens */
     struct kvi_ev e = ev_stored(h, 3, NULL, tok, 3 * BS, BS / 2);
@@ -444,10 +453,9 @@ static void test_batch_rank(void **state)
     struct reg r;
     reg_init(&r, f, 9, 2);
     uint32_t tok[2 * BS];
-    fill_tokens(tok, 2 * BS, 40);
     uint64_t h[2] = {5, 6};
     uint64_t c[2];
-    kvi_hash_blocks(tok, 2 * BS, BS, KVI_HASH_SEED, c, 2);
+    chain_hashes(tok, 2, 40, c, NULL);
     struct kvi_ev e = ev_stored(h, 2, NULL, tok, 2 * BS, BS);
     feed(f, &r, &e, 1, 7);
     assert_int_equal(depth(f, c, 2, r.t.instance, 7), 2);
@@ -465,9 +473,8 @@ static void test_parent_chains(void **state)
     struct reg r;
     reg_init(&r, f, 1, 0);
     uint32_t tok[6 * BS];
-    fill_tokens(tok, 6 * BS, 1000);
     uint64_t c[6];
-    kvi_hash_blocks(tok, 6 * BS, BS, KVI_HASH_SEED, c, 6);
+    chain_hashes(tok, 6, 1000, c, NULL);
     uint64_t h[6] = {0xf1, 0xf2, 0xf3, 0xf4, 0xf5, 0xf6};
 
     /* batch 1: [0,1] at the root, then [2] under 1 (one page per event, SGLang) */
@@ -502,9 +509,8 @@ static void test_placeholders(void **state)
     struct reg r;
     reg_init(&r, f, 1, 0);
     uint32_t tok[3 * BS];
-    fill_tokens(tok, 3 * BS, 77);
     uint64_t c[3];
-    kvi_hash_blocks(tok, 3 * BS, BS, KVI_HASH_SEED, c, 3);
+    chain_hashes(tok, 3, 77, c, NULL);
     uint64_t h[3] = {0x101, 0x102, 0x103};
 
     struct kvi_ev evs[4];
@@ -559,10 +565,8 @@ static void test_rfc1527_tokens_shared_pool(void **state)
     reg_init(&gpu, f, 1, 0);
     reg_init(&mc, f, 50, 0); /* the Mooncake master's registration */
     uint32_t tok[4 * BS];
-    fill_tokens(tok, 4 * BS, 3000);
     uint64_t c[4], s[4];
-    kvi_hash_blocks(tok, 4 * BS, BS, KVI_HASH_SEED, c, 4);
-    kvi_seq_hashes(c, 4, s);
+    chain_hashes(tok, 4, 3000, c, s);
 
     /* worker 1 holds block 0 on its gpu */
     uint64_t h0 = 0x77;
@@ -621,10 +625,8 @@ static void test_rfc1527_parent_on_other_backend(void **state)
         struct reg mc;
         reg_init(&mc, f, 50 + (uint64_t)with_tokens, 0);
         uint32_t tok[9 * BS];
-        fill_tokens(tok, 9 * BS, 12000 + 1000 * (uint32_t)with_tokens);
         uint64_t c[9], s[9];
-        kvi_hash_blocks(tok, 9 * BS, BS, KVI_HASH_SEED, c, 9);
-        kvi_seq_hashes(c, 9, s);
+        chain_hashes(tok, 9, 12000 + 1000 * (uint32_t)with_tokens, c, s);
         const uint32_t *t1 = with_tokens ? tok : NULL, *t2 = with_tokens ? tok + 7 * BS : NULL;
         struct kvi_ev evs[2] = {ev_rfc(s, 7, NULL, 0, "node-1", KVI_TIER_CPU, t1, with_tokens ? 7 * BS : 0),
                                 ev_rfc(s + 7, 2, &s[6], 7, "node-2", KVI_TIER_DISK, t2, with_tokens ? 2 * BS : 0)};
@@ -662,10 +664,8 @@ static void test_rfc1527_seq_only(void **state)
     reg_init(&w, f, 1, 0);
     reg_init(&mc, f, 50, 0);
     uint32_t tok[6 * BS];
-    fill_tokens(tok, 6 * BS, 9000);
     uint64_t c[6], s[6];
-    kvi_hash_blocks(tok, 6 * BS, BS, KVI_HASH_SEED, c, 6);
-    kvi_seq_hashes(c, 6, s);
+    chain_hashes(tok, 6, 9000, c, s);
 
     /* worker holds blocks 0..1 on gpu (content known there) */
     uint64_t h[2] = {0xe0, 0xe1};
@@ -708,10 +708,8 @@ static void test_rfc1527_tokens_placed(void **state)
     reg_init(&w, f, 1, 0);
     reg_init(&mc, f, 50, 0);
     uint32_t tok[3 * BS];
-    fill_tokens(tok, 3 * BS, 123);
     uint64_t c[3], s[3];
-    kvi_hash_blocks(tok, 3 * BS, BS, KVI_HASH_SEED, c, 3);
-    kvi_seq_hashes(c, 3, s);
+    chain_hashes(tok, 3, 123, c, s);
     uint64_t h0 = 0x55;
     struct kvi_ev e = ev_stored(&h0, 1, NULL, tok, BS, BS);
     feed(f, &w, &e, 1, -1);
@@ -735,9 +733,8 @@ static void test_remove_and_clear(void **state)
     reg_init(&r, f, 1, 0);
     reg_init(&other, f, 2, 0);
     uint32_t tok[3 * BS];
-    fill_tokens(tok, 3 * BS, 60);
     uint64_t c[3];
-    kvi_hash_blocks(tok, 3 * BS, BS, KVI_HASH_SEED, c, 3);
+    chain_hashes(tok, 3, 60, c, NULL);
     uint64_t h[3] = {1, 2, 3};
     struct kvi_ev e = ev_stored(h, 3, NULL, tok, 3 * BS, BS);
     feed(f, &r, &e, 1, 0);
@@ -783,9 +780,8 @@ static void test_group_filter(void **state)
     struct reg r;
     reg_init(&r, f, 1, 0);
     uint32_t tok[2 * BS];
-    fill_tokens(tok, 2 * BS, 7);
     uint64_t c[2];
-    kvi_hash_blocks(tok, 2 * BS, BS, KVI_HASH_SEED, c, 2);
+    chain_hashes(tok, 2, 7, c, NULL);
     uint64_t h[2] = {8, 9};
     struct kvi_ev e = ev_stored(h, 2, NULL, tok, 2 * BS, BS);
     e.group_idx = 1;
@@ -819,9 +815,8 @@ static void test_full_attention_group(void **state)
     struct reg r;
     reg_init(&r, f, 1, 0);
     uint32_t tok[2 * BS];
-    fill_tokens(tok, 2 * BS, 70);
     uint64_t c[2];
-    kvi_hash_blocks(tok, 2 * BS, BS, KVI_HASH_SEED, c, 2);
+    chain_hashes(tok, 2, 70, c, NULL);
     uint64_t h[2] = {0x61, 0x62};
     /* one batch: the sliding-window group 0 first, then full attention in group 1 */
     struct kvi_ev evs[2] = {ev_stored(h, 2, NULL, tok, 2 * BS, BS), ev_stored(h, 2, NULL, tok, 2 * BS, BS)};
@@ -932,10 +927,8 @@ static void test_reset_rank_and_clear(void **state)
     struct reg r;
     reg_init(&r, f, 1, 0);
     uint32_t tok[2 * BS];
-    fill_tokens(tok, 2 * BS, 900);
     uint64_t c[2], s[2];
-    kvi_hash_blocks(tok, 2 * BS, BS, KVI_HASH_SEED, c, 2);
-    kvi_seq_hashes(c, 2, s);
+    chain_hashes(tok, 2, 900, c, s);
     uint64_t h[2] = {4, 5};
     struct kvi_ev e = ev_stored(h, 2, NULL, tok, 2 * BS, BS);
     feed(f, &r, &e, 1, 0);

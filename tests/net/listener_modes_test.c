@@ -159,9 +159,7 @@ static void test_pause_resume(void **state)
     (void)state;
     struct lfx f;
     lfx_init(&f, NULL);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
     struct kvi_listener_key k = lfx_key(&f, 1, 0);
 
     uint64_t last = pub_chain(p, 0, 0, 3);
@@ -201,9 +199,7 @@ static void test_unregister_then_register_fresh(void **state)
     (void)state;
     struct lfx f;
     lfx_init(&f, NULL);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
     struct kvi_listener_key k = lfx_key(&f, 1, 0);
     uint64_t last = pub_chain(p, 0, 0, 4);
     lfx_settle(&f, 1, last);

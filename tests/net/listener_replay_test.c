@@ -126,9 +126,7 @@ static void test_lost_replay_replies(void **state)
     (void)state;
     struct lfx f;
     lfx_init(&f, NULL);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
 
     struct kvidx_pub_replay_faults fl = {.drop_every = 4};
     assert_int_equal(kvidx_pub_set_replay_faults(p, &fl), 0);
@@ -160,9 +158,7 @@ static void test_replay_timeout_then_recovery(void **state)
     struct kvi_listeners_config cfg = {.replay_timeout_ms = 300};
     struct lfx f;
     lfx_init(&f, &cfg);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
 
     struct kvidx_pub_replay_faults silent = {.silent = true};
     assert_int_equal(kvidx_pub_set_replay_faults(p, &silent), 0);
@@ -207,9 +203,7 @@ static void test_live_during_replay(void **state)
     (void)state;
     struct lfx f;
     lfx_init(&f, NULL);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
 
     pub_chain(p, 0, 0, 2);             /* 0, 1: chain 0 blocks 0, 1 */
     kvidx_pub_skip_live(p, 1);
@@ -372,9 +366,7 @@ static void test_buffer_overflow_gives_up(void **state)
     struct kvi_listeners_config cfg = {.max_buffered = 3};
     struct lfx f;
     lfx_init(&f, &cfg);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
 
     pub_chain(p, 0, 0, 1);                  /* 0 */
     kvidx_pub_skip_live(p, 1);
@@ -399,11 +391,16 @@ static void test_buffer_overflow_gives_up(void **state)
 
 /* ---- log lines ------------------------------------------------------------------- */
 
-/* What kvi_log printed, line by line (the sink runs on listener threads). */
+/*
+ * What kvi_log printed, line by line. The sink runs on listener threads, so
+ * it checks nothing itself: a line it could not keep is recorded (lost) and
+ * the main thread asserts on that (captured, and after the sink is removed).
+ */
 struct capture {
     pthread_mutex_t mu;
     char *text;
     size_t len, cap;
+    bool lost; /* realloc failed for some line */
 };
 
 static void capture_sink(void *ctx, enum kvi_log_level level, const char *line, size_t len)
@@ -412,9 +409,15 @@ static void capture_sink(void *ctx, enum kvi_log_level level, const char *line, 
     struct capture *c = ctx;
     pthread_mutex_lock(&c->mu);
     if (c->len + len + 1 > c->cap) {
-        c->cap = (c->len + len + 1) * 2;
-        c->text = realloc(c->text, c->cap);
-        assert_non_null(c->text);
+        size_t cap = (c->len + len + 1) * 2;
+        char *t = realloc(c->text, cap);
+        if (t == NULL) {
+            c->lost = true;
+            pthread_mutex_unlock(&c->mu);
+            return;
+        }
+        c->text = t;
+        c->cap = cap;
     }
     memcpy(c->text + c->len, line, len);
     c->len += len;
@@ -429,8 +432,10 @@ static bool captured(struct capture *c, const char *re)
     assert_int_equal(regcomp(&rx, re, REG_EXTENDED | REG_NEWLINE | REG_NOSUB), 0);
     pthread_mutex_lock(&c->mu);
     bool hit = c->text != NULL && regexec(&rx, c->text, 0, NULL, 0) == 0;
+    bool lost = c->lost;
     pthread_mutex_unlock(&c->mu);
     regfree(&rx);
+    assert_false(lost); /* the sink kept every line */
     return hit;
 }
 
@@ -472,9 +477,7 @@ static void test_replay_log_lines(void **state)
     /* a replay that fills the gap */
     struct lfx f;
     init_logging(&f, NULL, false);
-    struct kvidx_pub *p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 1, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 1);
+    struct kvidx_pub *p = lfx_replay_pub(&f, 1);
     pub_chain(p, 0, 0, 5);  /* 0..4 */
     kvidx_pub_skip_live(p, 3);
     pub_chain(p, 0, 5, 8);  /* 5..7 lost live */
@@ -494,9 +497,7 @@ static void test_replay_log_lines(void **state)
     /* a silent replay endpoint: given up at error, with the loss */
     struct kvi_listeners_config cfg = {.replay_timeout_ms = 300};
     init_logging(&f, &cfg, false);
-    p = lfx_pub(NULL, true, NULL);
-    lfx_register(&f, 2, p, true, KVI_GAP_APPLY);
-    lfx_sync(&f, p, 2);
+    p = lfx_replay_pub(&f, 2);
     struct kvidx_pub_replay_faults silent = {.silent = true};
     assert_int_equal(kvidx_pub_set_replay_faults(p, &silent), 0);
     pub_chain(p, 0, 0, 3);  /* 0..2 */
@@ -542,6 +543,7 @@ static void test_replay_log_lines(void **state)
     kvi_log_set_sink(NULL, NULL);
     kvi_log_set_level(saved);
     free(c.text);
+    assert_false(c.lost);
 }
 
 int main(void)

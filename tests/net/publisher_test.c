@@ -908,6 +908,22 @@ static void read_reply(void *dealer, enum kvidx_pub_replay_layout layout, const 
     }
 }
 
+/*
+ * Request a replay from @p start on @p dealer and read it (read_reply):
+ * exactly @p n batches and, when @p seqs is not NULL, batch i has seq seqs[i].
+ */
+static void expect_replay(void *dealer, enum kvidx_pub_replay_layout layout, const char *topic, uint64_t start, int n,
+                          const uint64_t *seqs)
+{
+    request(dealer, start);
+    struct reply r;
+    read_reply(dealer, layout, topic, &r);
+    assert_int_equal(r.n, n);
+    for (int i = 0; seqs != NULL && i < n; i++)
+        assert_int_equal(r.seq[i], seqs[i]);
+    reply_free(&r);
+}
+
 struct rfix {
     void *ctx;
     void *sub;
@@ -995,16 +1011,9 @@ static void check_replay_layout(enum kvidx_pub_replay_layout layout)
     }
     reply_free(&r);
     /* From 0: everything; past the newest: only the sentinel. */
-    request(f.dealer, 0);
-    read_reply(f.dealer, layout, "kv@a@b", &r);
-    assert_int_equal(r.n, 5);
-    reply_free(&r);
-    request(f.dealer, 5);
-    read_reply(f.dealer, layout, "kv@a@b", &r);
-    assert_int_equal(r.n, 0);
-    request(f.dealer, UINT64_MAX - 1);
-    read_reply(f.dealer, layout, "kv@a@b", &r);
-    assert_int_equal(r.n, 0);
+    expect_replay(f.dealer, layout, "kv@a@b", 0, 5, NULL);
+    expect_replay(f.dealer, layout, "kv@a@b", 5, 0, NULL);
+    expect_replay(f.dealer, layout, "kv@a@b", UINT64_MAX - 1, 0, NULL);
     for (int i = 0; i < 5; i++)
         batch_free(&live[i]);
     struct kvidx_pub_stats st;
@@ -1035,12 +1044,10 @@ static void test_replay_ring_wrap(void **state)
     tcp_cfg(&cfg);
     cfg.buffer_batches = 4;
     rfix_open(&f, &cfg);
-    struct reply r;
-    request(f.dealer, 0); /* empty ring: only the sentinel */
-    read_reply(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", &r);
-    assert_int_equal(r.n, 0);
+    expect_replay(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", 0, 0, NULL); /* empty ring: only the sentinel */
     publish_n(f.pub, 0, 10);
     /* older than the buffer: silently starts at the oldest kept (6) */
+    struct reply r;
     request(f.dealer, 0);
     read_reply(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", &r);
     assert_int_equal(r.n, 4);
@@ -1053,12 +1060,7 @@ static void test_replay_ring_wrap(void **state)
         msgpack_unpacked_destroy(&up);
     }
     reply_free(&r);
-    request(f.dealer, 8);
-    read_reply(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", &r);
-    assert_int_equal(r.n, 2);
-    assert_int_equal(r.seq[0], 8);
-    assert_int_equal(r.seq[1], 9);
-    reply_free(&r);
+    expect_replay(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", 8, 2, (const uint64_t[]){8, 9});
     struct kvidx_pub_stats st;
     kvidx_pub_get_stats(f.pub, &st);
     assert_int_equal(st.replay_buffered, 4);
@@ -1089,12 +1091,7 @@ static void test_replay_malformed(void **state)
     wait_stat(f.pub, offsetof(struct kvidx_pub_stats, replay_malformed), 4);
     assert_nothing(f.dealer, 50);
     /* the server still answers good requests */
-    request(f.dealer, 1);
-    struct reply r;
-    read_reply(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", &r);
-    assert_int_equal(r.n, 1);
-    assert_int_equal(r.seq[0], 1);
-    reply_free(&r);
+    expect_replay(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", 1, 1, (const uint64_t[]){1});
     struct kvidx_pub_stats st;
     kvidx_pub_get_stats(f.pub, &st);
     assert_int_equal(st.replay_malformed, 4);
@@ -1120,13 +1117,7 @@ static void test_skip_live(void **state)
     assert_int_equal(b.seq, 3);
     batch_free(&b);
     assert_nothing(f.sub, 50);
-    request(f.dealer, 1);
-    struct reply r;
-    read_reply(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", &r);
-    assert_int_equal(r.n, 3);
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(r.seq[i], 1 + i);
-    reply_free(&r);
+    expect_replay(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", 1, 3, (const uint64_t[]){1, 2, 3});
     struct kvidx_pub_stats st;
     kvidx_pub_get_stats(f.pub, &st);
     assert_int_equal(st.batches, 4);
@@ -1149,12 +1140,7 @@ static void test_replay_faults(void **state)
     /* drop every 2nd reply batch: 0, 2, 4 arrive, then the sentinel */
     struct kvidx_pub_replay_faults fl = {.drop_every = 2};
     assert_int_equal(kvidx_pub_set_replay_faults(f.pub, &fl), 0);
-    request(f.dealer, 0);
-    read_reply(f.dealer, KVIDX_PUB_REPLAY_LEGACY, "", &r);
-    assert_int_equal(r.n, 3);
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(r.seq[i], 2 * i);
-    reply_free(&r);
+    expect_replay(f.dealer, KVIDX_PUB_REPLAY_LEGACY, "", 0, 3, (const uint64_t[]){0, 2, 4});
 
     /* delay */
     fl = (struct kvidx_pub_replay_faults){.delay_ms = 300};
@@ -1176,10 +1162,7 @@ static void test_replay_faults(void **state)
     /* faults off again */
     fl = (struct kvidx_pub_replay_faults){0};
     assert_int_equal(kvidx_pub_set_replay_faults(f.pub, &fl), 0);
-    request(f.dealer, 3);
-    read_reply(f.dealer, KVIDX_PUB_REPLAY_LEGACY, "", &r);
-    assert_int_equal(r.n, 3);
-    reply_free(&r);
+    expect_replay(f.dealer, KVIDX_PUB_REPLAY_LEGACY, "", 3, 3, NULL);
 
     struct kvidx_pub_stats st;
     kvidx_pub_get_stats(f.pub, &st);
@@ -1261,11 +1244,7 @@ static void test_restart_tcp(void **state)
         assert_int_equal(b.seq, 1);
         batch_free(&b);
         /* the DEALER reconnects too; the new ring has only the new batches */
-        request(f.dealer, 0);
-        struct reply r;
-        read_reply(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", &r);
-        assert_int_equal(r.n, 2);
-        reply_free(&r);
+        expect_replay(f.dealer, KVIDX_PUB_REPLAY_TOPIC, "", 0, 2, NULL);
     }
     rfix_close(&f);
 }
@@ -1297,11 +1276,7 @@ static void test_restart_inproc_shared_ctx(void **state)
     }
     void *d = socket_new(fx.ctx, ZMQ_DEALER);
     assert_int_equal(zmq_connect(d, rep), 0);
-    request(d, 0);
-    struct reply r;
-    read_reply(d, KVIDX_PUB_REPLAY_TOPIC, "", &r);
-    assert_int_equal(r.n, 1);
-    reply_free(&r);
+    expect_replay(d, KVIDX_PUB_REPLAY_TOPIC, "", 0, 1, NULL);
     zmq_close(d);
     fx_close(&fx);
 }
