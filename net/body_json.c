@@ -3,7 +3,7 @@
  * JSON side of the writer, behind the kvi_js__* entry points that net/body.c
  * dispatches to (net/body_internal.h). The msgpack half is body_msgpack.c.
  *
- * JSON LAYER DECISION (measured with tests/api/bench/json_bench.c, built by
+ * JSON LAYER DECISION (measured with bench/json_bench.c, built by
  * `cmake -DKVI_JSON_BENCH=ON` as kvi-json-bench; Release -O2; thread CPU time
  * on this 2-vCPU VM under a load average of ~12 from other builds; best /
  * median of 7 runs, microseconds per parse; every parser produces the same
