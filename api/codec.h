@@ -80,6 +80,7 @@ enum kvi_route {
     KVI_R_TEST_RESUME,     /* POST /test/resume_listener Dynamo */
     KVI_R_GLOBAL_VIEW,     /* GET  /global_view       Conductor */
     KVI_R_SERVICES,        /* GET  /services          Conductor */
+    KVI_R_NATS_SOURCES,    /* POST /nats/sources      kvidx (api/README.md, "Dynamo on NATS") */
     KVI_R_COUNT
 };
 
@@ -230,6 +231,18 @@ struct kvi_dyn_peer {
     struct kvi_str url;
 };
 
+/**
+ * POST /nats/sources: a NATS source added at run time, as --nats-source
+ * (subject) or --nats-stream (stream, optional filter subject) would.
+ */
+struct kvi_dyn_nats_source {
+    struct kvi_str subject; /* core: required; stream: the filter subject or empty */
+    struct kvi_str stream;  /* empty: a Core NATS source */
+    struct kvi_str model_name;
+    struct kvi_str tenant_id; /* "default" when absent */
+    uint32_t block_size;
+};
+
 /** POST /test/pause_listener and /test/resume_listener (§1.14). */
 struct kvi_dyn_listener_ctl {
     uint64_t instance_id;
@@ -263,6 +276,13 @@ int kvi_dyn_parse_query_by_hash(const void *body, size_t len, enum kvi_ctype ct,
                                 struct kvi_api_err *err);
 int kvi_dyn_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
                        struct kvi_dyn_peer *out, struct kvi_api_err *err);
+/**
+ * Parse POST /nats/sources: {"subject"?, "stream"?, "model_name", "tenant_id"?, "block_size"}.
+ * Errors: 400 (malformed, or neither a subject nor a stream), 422 (a field's type or range).
+ * Strings point into the body or @p s. @return 0 or a negative errno with @p err filled.
+ */
+int kvi_dyn_parse_nats_source(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
+                              struct kvi_dyn_nats_source *out, struct kvi_api_err *err);
 int kvi_dyn_parse_listener_ctl(const void *body, size_t len, enum kvi_ctype ct,
                                struct kvi_scratch *s, struct kvi_dyn_listener_ctl *out,
                                struct kvi_api_err *err);
@@ -294,6 +314,9 @@ int kvi_dyn_err_rank_not_found(struct kvi_api_err *e, uint64_t id, uint32_t rank
 int kvi_dyn_err_no_indexer(struct kvi_api_err *e, struct kvi_str model, struct kvi_str tenant);
 /** 404 "peer not found". */
 int kvi_dyn_err_peer_not_found(struct kvi_api_err *e);
+/** A NATS source that cannot be added: @p status (409 without --nats, 400 a bad source, 429 too many
+ * models, 500) and the reason. */
+int kvi_dyn_err_nats(struct kvi_api_err *e, int status, const char *what);
 /** 404 "listener for instance {id} dp_rank {r} not found". */
 int kvi_dyn_err_listener_not_found(struct kvi_api_err *e, uint64_t id, uint32_t rank);
 /** 409 "listener for instance {id} dp_rank {r} is {status}: not pausable|not resumable". */

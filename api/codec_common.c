@@ -40,6 +40,7 @@ static const struct {
     [KVI_R_TEST_RESUME] = {"/test/resume_listener", "POST"},
     [KVI_R_GLOBAL_VIEW] = {"/global_view", "GET"},
     [KVI_R_SERVICES] = {"/services", "GET"},
+    [KVI_R_NATS_SOURCES] = {"/nats/sources", "POST"},
 };
 
 enum kvi_route kvi_route_of(const char *path, size_t len)

@@ -149,6 +149,32 @@ int kvi_dyn_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct k
     return r;
 }
 
+static const struct kvi_field nats_fields[] = {
+    F("subject", KVI_FK_STR, KVI_FF_NULL | KVI_FF_NONEMPTY, 0, struct kvi_dyn_nats_source, subject),
+    F("stream", KVI_FK_STR, KVI_FF_NULL | KVI_FF_NONEMPTY, 1, struct kvi_dyn_nats_source, stream),
+    F("model_name", KVI_FK_STR, KVI_FF_REQ | KVI_FF_NONEMPTY, 2, struct kvi_dyn_nats_source, model_name),
+    F("tenant_id", KVI_FK_STR, KVI_FF_NULL, 3, struct kvi_dyn_nats_source, tenant_id),
+    F("block_size", KVI_FK_U32_NZ, KVI_FF_REQ, 4, struct kvi_dyn_nats_source, block_size),
+};
+
+int kvi_dyn_parse_nats_source(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
+                              struct kvi_dyn_nats_source *out, struct kvi_api_err *err)
+{
+    struct kvi_pctx c;
+    memset(out, 0, sizeof(*out));
+    int r = kvi_parse__begin(&c, KVI_DIALECT_DYNAMO, "NatsSourceRequest", body, len, ct, false, s, err);
+    uint64_t seen;
+    if (r == 0)
+        r = kvi_parse__fields(&c, nats_fields, KVI_ARRAY_LEN(nats_fields), out, &seen);
+    if (r != 0)
+        return r;
+    if (!(seen & KVI_BIT(3)))
+        out->tenant_id = kvi_str_default;
+    if (out->subject.len == 0 && out->stream.len == 0)
+        return kvi_err__set(err, 400, NULL, NULL, -1, "a NATS source needs a subject (Core NATS) or a stream");
+    return 0;
+}
+
 static const struct kvi_field lctl_fields[] = {
     F("instance_id", KVI_FK_U64, KVI_FF_REQ, 0, struct kvi_dyn_listener_ctl, instance_id),
     F("dp_rank", KVI_FK_U32, KVI_FF_NULL, 1, struct kvi_dyn_listener_ctl, dp_rank),
@@ -282,6 +308,11 @@ int kvi_dyn_err_no_indexer(struct kvi_api_err *e, struct kvi_str model, struct k
 int kvi_dyn_err_peer_not_found(struct kvi_api_err *e)
 {
     return kvi_err__set(e, 404, NULL, NULL, -1, "peer not found");
+}
+
+int kvi_dyn_err_nats(struct kvi_api_err *e, int status, const char *what)
+{
+    return kvi_err__set(e, status, NULL, NULL, -1, "%s", what);
 }
 
 int kvi_dyn_err_listener_not_found(struct kvi_api_err *e, uint64_t id, uint32_t rank)

@@ -121,6 +121,14 @@ void kvi_routes_dyn_ctl(struct kvi_service *svc, struct kvi_ctl_req *c)
             rc = kvi_service_ctl_dyn_unregister(svc, &r, &err);
         break;
     }
+    case KVI_R_NATS_SOURCES: {
+        struct kvi_dyn_nats_source r;
+        rc = kvi_dyn_parse_nats_source(c->body, c->len, c->ct, &s, &r, &err);
+        if (rc == 0)
+            rc = kvi_service_ctl_nats_source(svc, &r, &err);
+        status = 201;
+        break;
+    }
     case KVI_R_TEST_PAUSE:
     case KVI_R_TEST_RESUME: {
         struct kvi_dyn_listener_ctl r;
@@ -244,6 +252,11 @@ static void h_deregister_peer(const struct kvi_http_req *req, struct kvi_http_re
     h_peer(req, res, ud, false);
 }
 
+static void h_nats_source(const struct kvi_http_req *req, struct kvi_http_res *res, void *ud)
+{
+    kvi_routes_to_control(ud, req, res, KVI_R_NATS_SOURCES);
+}
+
 static void h_pause(const struct kvi_http_req *req, struct kvi_http_res *res, void *ud)
 {
     kvi_routes_to_control(ud, req, res, KVI_R_TEST_PAUSE);
@@ -308,7 +321,8 @@ int kvi_routes_dyn_mount(struct kvi_routes *rt, struct kvi_http_server *srv)
         (rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/dump", h_dump, rt, &data)) < 0 ||
         (rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/peers", h_peers, rt, &plain)) < 0 ||
         (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/register_peer", h_register_peer, rt, &admin)) < 0 ||
-        (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/deregister_peer", h_deregister_peer, rt, &admin)) < 0)
+        (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/deregister_peer", h_deregister_peer, rt, &admin)) < 0 ||
+        (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/nats/sources", h_nats_source, rt, &admin)) < 0)
         return rc;
     if (rt->cfg.test_endpoints) {
         if ((rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/test/pause_listener", h_pause, rt, &admin)) < 0 ||

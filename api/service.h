@@ -302,6 +302,9 @@ int kvi_service_dump(struct kvi_service *svc, kvi_dump_sink_fn sink, kvi_dump_do
 int kvi_service_ctl_dyn_register(struct kvi_service *svc, const struct kvi_dyn_register *r,
                                  struct kvi_api_err *err);
 /** POST /unregister, Dynamo (§1.6). @return 0, or -EINVAL with err (404 texts). */
+/** POST /nats/sources: start a NATS source into (model, tenant) (created if new). 409 without --nats. */
+int kvi_service_ctl_nats_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r,
+                                struct kvi_api_err *err);
 int kvi_service_ctl_dyn_unregister(struct kvi_service *svc, const struct kvi_dyn_unregister *r,
                                    struct kvi_api_err *err);
 /** /test/pause_listener (pause) or /test/resume_listener (§1.14). @return 0 or -EINVAL (404, 409). */

@@ -7,6 +7,7 @@
  * catch up.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,46 @@
 #include "api/nats_args.h"
 #include "api/service_internal.h"
 #include "net/log.h"
+
+/*
+ * Bind one source to its namespace (found or created, a reference taken,
+ * recorded under `mu`: /workers reads the list under it) and start it.
+ * Control thread. @return the source's index, or a negative errno (-ENOSPC:
+ * past --max-models; -EINVAL: a spec the plane refuses).
+ */
+static int source_add(struct kvi_service *svc, struct kvi_nats *n, const struct kvi_nats_source_arg *s)
+{
+    const char *what = s->subject ? s->subject : s->stream;
+    bool created;
+    struct kvi_ns *ns = kvi_svc__ns_get(svc, s->model, s->tenant, s->block_size, &created);
+    if (ns == NULL) {
+        int rc = errno ? -errno : -ENOMEM;
+        kvi_log_error("nats: source %s: no index for %s:%s (%s)", what, s->model, s->tenant, strerror(-rc));
+        return rc;
+    }
+    if (ns->block_size != s->block_size)
+        kvi_log_warn("nats: source %s: %s:%s exists with block size %" PRIu32 ", not %" PRIu32 ": its own is used",
+                     what, s->model, s->tenant, ns->block_size, s->block_size);
+    char label[KVI_NATS_NAME_MAX];
+    snprintf(label, sizeof label, "%s:%s", ns->model, ns->tenant);
+    struct kvi_nats_source_spec spec = {
+        .kind = s->kind,
+        .subject = s->subject,
+        .stream = s->stream,
+        .ix = ns->ix,
+        .block_size = ns->block_size,
+        .label = label,
+    };
+    kvi_svc__ns_ref(svc, ns, +1);
+    pthread_mutex_lock(&svc->mu);
+    svc->nats_ns = kvi_xrealloc(svc->nats_ns, (svc->n_nats_ns + 1) * sizeof *svc->nats_ns);
+    svc->nats_ns[svc->n_nats_ns++] = ns;
+    pthread_mutex_unlock(&svc->mu);
+    int rc = kvi_nats_add_source(n, &spec);
+    if (rc < 0)
+        kvi_log_error("nats: source %s: %s", what, strerror(-rc));
+    return rc;
+}
 
 void kvi_svc__nats_start(struct kvi_service *svc)
 {
@@ -28,36 +69,44 @@ void kvi_svc__nats_start(struct kvi_service *svc)
         kvi_log_error("nats: cannot start the NATS plane (%s): no NATS source runs", strerror(errno));
         return;
     }
-    svc->nats_ns = kvi_xcalloc(a->n_sources ? a->n_sources : 1, sizeof *svc->nats_ns);
-    for (size_t i = 0; i < a->n_sources; i++) {
-        const struct kvi_nats_source_arg *s = &a->sources[i];
-        bool created;
-        struct kvi_ns *ns = kvi_svc__ns_get(svc, s->model, s->tenant, s->block_size, &created);
-        if (ns == NULL) {
-            kvi_log_error("nats: source %s: no index for %s:%s (%s)", s->subject ? s->subject : s->stream, s->model,
-                          s->tenant, strerror(errno));
-            continue;
-        }
-        if (ns->block_size != s->block_size)
-            kvi_log_warn("nats: source %s: %s:%s exists with block size %" PRIu32 ", not %" PRIu32 ": its own is used",
-                         s->subject ? s->subject : s->stream, s->model, s->tenant, ns->block_size, s->block_size);
-        kvi_svc__ns_ref(svc, ns, +1);
-        svc->nats_ns[svc->n_nats_ns++] = ns;
-        char label[KVI_NATS_NAME_MAX];
-        snprintf(label, sizeof label, "%s:%s", ns->model, ns->tenant);
-        struct kvi_nats_source_spec spec = {
-            .kind = s->kind,
-            .subject = s->subject,
-            .stream = s->stream,
-            .ix = ns->ix,
-            .block_size = ns->block_size,
-            .label = label,
-        };
-        int rc = kvi_nats_add_source(n, &spec);
-        if (rc < 0)
-            kvi_log_error("nats: source %s: %s", s->subject ? s->subject : s->stream, strerror(-rc));
-    }
+    for (size_t i = 0; i < a->n_sources; i++)
+        (void)source_add(svc, n, &a->sources[i]);
     atomic_store_explicit(&svc->nats, n, memory_order_release); /* N1: pairs with kvi_service_nats */
+}
+
+int kvi_service_ctl_nats_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r,
+                                struct kvi_api_err *err)
+{
+    struct kvi_nats *n = kvi_service_nats(svc);
+    if (n == NULL)
+        return kvi_dyn_err_nats(err, 409, "kvidxd runs without --nats: no NATS connection to add a source to");
+    bool core = r->stream.len == 0;
+    char *subject = r->subject.len ? strndup(r->subject.p, r->subject.len) : NULL;
+    char *stream = core ? NULL : strndup(r->stream.p, r->stream.len);
+    char *model = strndup(r->model_name.p, r->model_name.len);
+    char *tenant = strndup(r->tenant_id.p, r->tenant_id.len);
+    if ((r->subject.len && subject == NULL) || (!core && stream == NULL) || model == NULL || tenant == NULL)
+        kvi_die("out of memory");
+    struct kvi_nats_source_arg a = {core ? KVI_NATS_CORE : KVI_NATS_STREAM, subject, stream, model, tenant,
+                                    r->block_size};
+    int rc = 0;
+    if (memchr(r->model_name.p, '\0', r->model_name.len) || memchr(r->tenant_id.p, '\0', r->tenant_id.len) ||
+        (subject && strlen(subject) != r->subject.len) || (stream && strlen(stream) != r->stream.len))
+        rc = kvi_dyn_err_nats(err, 400, "a NUL character in a name");
+    else if ((rc = source_add(svc, n, &a)) < 0)
+        rc = rc == -ENOSPC ? kvi_err_too_many_models(err, svc->cfg.max_models ? svc->cfg.max_models
+                                                                                : KVI_SVC_DEFAULT_MAX_MODELS)
+             : rc == -EINVAL
+                 ? kvi_dyn_err_nats(err, 400, "the NATS source was refused (a stream source needs --nats-durable's "
+                                              "name, names are at most 255 bytes)")
+                 : kvi_dyn_err_nats(err, 500, "the NATS source could not start");
+    else
+        rc = 0;
+    free(subject);
+    free(stream);
+    free(model);
+    free(tenant);
+    return rc;
 }
 
 void kvi_svc__nats_stop(struct kvi_service *svc)

@@ -37,6 +37,7 @@ static void test_routes(void **state)
         {"/test/resume_listener", KVI_R_TEST_RESUME, "POST"},
         {"/global_view", KVI_R_GLOBAL_VIEW, "GET"},
         {"/services", KVI_R_SERVICES, "GET"},
+        {"/nats/sources", KVI_R_NATS_SOURCES, "POST"},
         {"/", KVI_R_UNKNOWN, NULL},
         {"/queryx", KVI_R_UNKNOWN, NULL},
         {"/query/", KVI_R_UNKNOWN, NULL},

@@ -495,11 +495,60 @@ static void test_jetstream_restarts(void **state)
     kvi_nats_server_stop(&ns);
 }
 
+/* ---- POST /nats/sources ---------------------------------------------------------------------- */
+
+static void test_sources_route(void **state)
+{
+    (void)state;
+    struct kvi_nats_server ns;
+    assert_int_equal(kvi_nats_server_start(&ns, 10000), 0);
+    const char *args[] = {"--nats", ns.url, NULL};
+    struct kfx_daemon d;
+    kfx_start(&d, args, NULL);
+    assert_true(KFX_WAIT(kfx_metric(&d, "kvidx_nats_connected") == 1, KFX_WAIT_MS));
+    /* a Core source added at run time, into a namespace it creates */
+    kfx_expect(&d, "/nats/sources", "{\"subject\":\"rt.kv-events\",\"model_name\":\"rm\",\"block_size\":4}", 201,
+               NULL);
+    assert_true(kfx_log_has(&d, "nats: core source", "rt.kv-events", KFX_WAIT_MS));
+    struct model m = {0};
+    struct npub p = npub_open(KVIDX_PUB_TRANSPORT_NATS_CORE, ns.url, "rt.kv-events", NULL, 31, 0);
+    /* Core NATS delivers only once the subscription is made: publish until the first event shows */
+    int64_t until = kfx_now_ms() + KFX_WAIT_MS;
+    do
+        pub_store(&p, &m, 3, 0, 1), pub_remove(&p, &m, 3, 0);
+    while (!KFX_WAIT(kfx_metric(&d, metric("kvidx_nats_messages_total", "rt.kv-events", "rm:default")) > 0, 50) &&
+           kfx_now_ms() < until);
+    pub_store(&p, &m, 0, 0, 5);
+    if (!KFX_WAIT(scored(&d, "rm", "default", 0) == 1, KFX_WAIT_MS)) {
+        kfx_dump_log(&d);
+        fail_msg("the source added at run time never indexed its events");
+    }
+    check_model(&d, &m, "rm", "default", 1);
+    /* a stream source needs its stream: added, and it waits for the stream (not an error answer) */
+    kfx_expect(&d, "/nats/sources",
+               "{\"stream\":\"later\",\"model_name\":\"rm\",\"tenant_id\":\"t2\",\"block_size\":4}", 201, NULL);
+    assert_true(kfx_get_has(&d, "/ready", 503, "nats_catching_up"));
+    /* bad requests */
+    kfx_expect(&d, "/nats/sources", "{\"model_name\":\"rm\",\"block_size\":4}", 400, NULL);
+    kfx_expect(&d, "/nats/sources", "{\"subject\":\"x\",\"model_name\":\"rm\",\"block_size\":0}", 422, NULL);
+    kfx_expect(&d, "/nats/sources", "{\"subject\":\"x\",\"block_size\":4}", 422, NULL);
+    kvidx_pub_destroy(p.p);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+
+    /* without --nats there is nothing to add a source to */
+    const char *plain[] = {NULL};
+    kfx_start(&d, plain, NULL);
+    kfx_expect(&d, "/nats/sources", "{\"subject\":\"x\",\"model_name\":\"rm\",\"block_size\":4}", 409, NULL);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+    kvi_nats_server_stop(&ns);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_core),
         cmocka_unit_test(test_jetstream_restarts),
+        cmocka_unit_test(test_sources_route),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
