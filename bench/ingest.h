@@ -28,7 +28,7 @@ struct ingest_cfg {
     uint32_t block_size, cache_ids, event_blocks, batch_events, requests;
     bool array_form;
     const char *trace;
-    const char *transport; /* the transport being run: tcp, ipc, inproc, nats or jetstream */
+    const char *transport; /* the transport being run: tcp, ipc, inproc, nats, jetstream, jetstream-mem */
     const char *transports[INGEST_MAX_TRANSPORTS]; /* every transport of the invocation, in order */
     uint32_t n_transports;
     bool want_batches; /* a ZMQ transport runs: encode the msgpack batches */
@@ -104,7 +104,7 @@ uint64_t ingest_thread_cpu_ns(void);
 void ingest_row(const char *name, double v);
 
 /**
- * Run one NATS transport (c->transport "nats" or "jetstream") on @p wl
+ * Run one NATS transport (c->transport "nats", "jetstream" or "jetstream-mem") on @p wl
  * (built with want_events): start a private nats-server, publish every
  * engine's events, wait until they are applied (bounded), report, stop.
  * @return 0, or 1 when set-up failed (then @p out->ok is false).

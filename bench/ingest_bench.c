@@ -652,11 +652,13 @@ static void usage(void)
            "  R requests of the trace: 0 = all           form: map\n"
            "  T: tcp (loopback, the default), ipc, inproc (ZMQ, vLLM batches); nats (Core NATS), jetstream\n"
            "     (Dynamo RouterEvents, one message per event, through a private nats-server: $KVI_NATS_SERVER,\n"
-           "     else nats-server on PATH); several run one after another on the same workload; all =\n"
-           "     tcp,nats,jetstream\n"
+           "     else nats-server on PATH), jetstream-mem (the stream in memory); several run one after\n"
+           "     another on the same workload; all = tcp,nats,jetstream\n"
            "  trace: %s (a synthetic one when missing)\n",
            DEFAULT_TRACE);
 }
+
+static bool is_nats(const char *t) { return !strcmp(t, "nats") || !strncmp(t, "jetstream", 9); }
 
 /*
  * Split c->transport ("tcp", "nats,jetstream", "all" = tcp,nats,jetstream) into c->transports.
@@ -664,7 +666,7 @@ static void usage(void)
  */
 static bool parse_transports(struct ingest_cfg *c)
 {
-    static const char *const known[] = {"tcp", "ipc", "inproc", "nats", "jetstream"};
+    static const char *const known[] = {"tcp", "ipc", "inproc", "nats", "jetstream", "jetstream-mem"};
     static char list[256];
     snprintf(list, sizeof list, "%s", !strcmp(c->transport, "all") ? "tcp,nats,jetstream" : c->transport);
     c->n_transports = 0;
@@ -676,7 +678,7 @@ static bool parse_transports(struct ingest_cfg *c)
         if (k == NULL || c->n_transports == INGEST_MAX_TRANSPORTS)
             return false;
         c->transports[c->n_transports++] = k;
-        if (!strcmp(k, "nats") || !strcmp(k, "jetstream"))
+        if (is_nats(k))
             c->want_events = true;
         else
             c->want_batches = true;
@@ -723,7 +725,7 @@ static int parse_args(struct ingest_cfg *c, int argc, char **argv)
               parse_transports(c);
     if (!ok) {
         fprintf(stderr, "ingest: invalid options (block size must divide 512, cache-ids >= 512, transports "
-                        "tcp, ipc, inproc, nats, jetstream or all)\n");
+                        "tcp, ipc, inproc, nats, jetstream, jetstream-mem or all)\n");
         return 2;
     }
     return -1;
@@ -1071,8 +1073,6 @@ static void report(const struct run *r, const struct ingest_cfg *c, const struct
            (double)(wl->ev_st + wl->ev_rm) / secs, blocks > 0 ? daemon * 1e9 / blocks : 0);
 }
 
-static bool is_nats(const char *t) { return !strcmp(t, "nats") || !strcmp(t, "jetstream"); }
-
 /* One ZMQ transport's run (c->transport tcp, ipc or inproc). @return 0, or 1 when set-up failed. */
 static int zmq_run(const struct ingest_cfg *c, struct ingest_workload *wl, struct ingest_summary *out)
 {
@@ -1093,12 +1093,12 @@ static int zmq_run(const struct ingest_cfg *c, struct ingest_workload *wl, struc
 static void summary(const struct ingest_summary *s, uint32_t n)
 {
     printf("\n== summary: one workload, every transport ==\n");
-    printf("  %-10s %8s %12s %10s %10s %12s %12s %12s %6s\n", "transport", "s", "blocks/s", "events/s", "msgs/s",
+    printf("  %-14s %8s %12s %10s %10s %12s %12s %12s %6s\n", "transport", "s", "blocks/s", "events/s", "msgs/s",
            "daemon ns/b", "server ns/b", "pub ns/b", "ok");
     for (uint32_t i = 0; i < n; i++) {
         const struct ingest_summary *x = &s[i];
         double b = x->blocks > 0 ? x->blocks : 1;
-        printf("  %-10s %8.2f %12.0f %10.0f %10.0f %12.0f %12.0f %12.0f %6s\n", x->transport, x->secs,
+        printf("  %-14s %8.2f %12.0f %10.0f %10.0f %12.0f %12.0f %12.0f %6s\n", x->transport, x->secs,
                x->blocks / x->secs, x->events / x->secs, x->messages / x->secs, x->daemon_cpu_s * 1e9 / b,
                x->server_cpu_s * 1e9 / b, x->pub_cpu_s * 1e9 / b, x->ok ? "yes" : "NO");
     }

@@ -1,5 +1,5 @@
 /*
- * kvidx-bench ingest --transport nats | jetstream: the ingest benchmark's
+ * kvidx-bench ingest --transport nats | jetstream | jetstream-mem: the ingest benchmark's
  * workload (bench/ingest.h) through kvidx's NATS event plane.
  *
  *   publisher threads (C publisher library, NATS transport; one publisher =
@@ -15,6 +15,8 @@
  * file storage) and the source acks each message once the writers applied
  * it. Stored events carry tokens_hash per block, which the publisher
  * computes (XXH3 of the block's tokens); kvidxd hashes nothing.
+ * jetstream-mem is jetstream with the stream in memory (the bench creates
+ * it first), to tell the file store's share of nats-server's CPU.
  *
  * MEASURED. From the first publish until the source has applied (Core) or
  * acked (JetStream) every event and the writers have no op queued, bounded
@@ -52,6 +54,7 @@
 #include "net/router_event.h"
 
 #include <kvidx/publisher.h>
+#include <nats/nats.h>
 
 #define CORE_SUBJECT "namespace.kvidx-bench.component.backend.kv-events"
 #define STREAM "kvidx-bench"
@@ -276,7 +279,7 @@ static void writers_read(struct kvi_writer_pool *pool, uint32_t n, struct writer
 /* Everything a run holds; zeroed, then filled by setup and emptied by teardown. */
 struct nrun {
     const struct ingest_cfg *c;
-    bool js;
+    bool js, js_mem; /* jetstream, jetstream-mem (the stream in memory) */
     struct kvi_nats_server srv;
     struct kvi_writer_pool *pool;
     struct kvi_index *ix;
@@ -334,6 +337,38 @@ static int add_source(struct nrun *r)
 }
 
 /*
+ * jetstream-mem: create the stream the publishers would create (subjects
+ * "<stream>.*", max age 1 h) in memory instead of in files, before them, so
+ * that their KVIDX_PUB_F_NATS_CREATE_STREAM finds it. @return 0 or -1.
+ */
+static int make_memory_stream(const char *url)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    const char *subjects[1] = {STREAM ".*"};
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    sc.Name = STREAM;
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.Storage = js_MemoryStorage;
+    sc.MaxAge = (int64_t)3600 * 1000000000;
+    natsStatus st = natsConnection_ConnectTo(&nc, url);
+    if (st == NATS_OK)
+        st = natsConnection_JetStream(&js, nc, NULL);
+    if (st == NATS_OK)
+        st = js_AddStream(&si, js, &sc, NULL, &jerr);
+    if (st != NATS_OK)
+        fprintf(stderr, "ingest: memory stream: %s (%s)\n", natsStatus_GetText(st), nats_GetLastError(NULL));
+    jsStreamInfo_Destroy(si);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return st == NATS_OK ? 0 : -1;
+}
+
+/*
  * Server, writers, index, plane, source and publishers. Core: the source
  * subscribes before anything is published; JetStream: the first publisher
  * creates the stream the source's consumer reads.
@@ -364,7 +399,10 @@ static int nrun_setup(struct nrun *r)
         return -1;
     }
     if (r->js)
-        return make_publishers(r, &r->grp.publib) == 0 && add_source(r) == 0 ? 0 : -1;
+        return (!r->js_mem || make_memory_stream(r->srv.url) == 0) && make_publishers(r, &r->grp.publib) == 0 &&
+                       add_source(r) == 0
+                   ? 0
+                   : -1;
     return add_source(r) == 0 && make_publishers(r, &r->grp.publib) == 0 ? 0 : -1;
 }
 
@@ -561,10 +599,12 @@ static void nrun_report(const struct nrun *r, const struct ingest_workload *wl, 
 
 int ingest_nats_run(const struct ingest_cfg *c, const struct ingest_workload *wl, struct ingest_summary *out)
 {
-    struct nrun r = {.c = c, .js = !strcmp(c->transport, "jetstream")};
+    bool mem = !strcmp(c->transport, "jetstream-mem");
+    struct nrun r = {.c = c, .js = mem || !strcmp(c->transport, "jetstream"), .js_mem = mem};
     memset(out, 0, sizeof *out);
     printf("\n== transport %s: %s, Dynamo RouterEvents, one message per event ==\n", c->transport,
-           r.js ? "JetStream (JSON, js_Publish acked, file stream; the source acks after the writers applied)"
+           r.js_mem ? "JetStream, the stream in memory (JSON, js_Publish acked; acks after the writers applied)"
+           : r.js   ? "JetStream (JSON, js_Publish acked, file stream; the source acks after the writers applied)"
                 : "Core NATS (msgpack in the Dynamo envelope)");
     fflush(stdout);
     /* the plane's info lines (a worker appeared, connected) would interleave with the table */
