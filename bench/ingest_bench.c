@@ -34,6 +34,12 @@
  * the CPU time of each thread group (listeners: kvi_listener_thread_stats, to
  * the nanosecond; others: /proc/self/task, to 10 ms) and ring stalls. A benchmark: it prints
  * figures and never asserts; the last line is one JSON object.
+ *
+ * TRANSPORTS. --transport takes a comma list (all = tcp,nats,jetstream): the
+ * workload is built once and each transport runs on it in turn, with its own
+ * index and writers; a summary table closes a run of several. The NATS ones
+ * (nats, jetstream, jetstream-mem) are bench/ingest_nats.c; bench/ingest.h
+ * holds what the two files share.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -1097,6 +1103,10 @@ static void summary(const struct ingest_summary *s, uint32_t n)
            "daemon ns/b", "server ns/b", "pub ns/b", "ok");
     for (uint32_t i = 0; i < n; i++) {
         const struct ingest_summary *x = &s[i];
+        if (x->secs <= 0) {
+            printf("  %-14s (set-up failed: not run)\n", x->transport);
+            continue;
+        }
         double b = x->blocks > 0 ? x->blocks : 1;
         printf("  %-14s %8.2f %12.0f %10.0f %10.0f %12.0f %12.0f %12.0f %6s\n", x->transport, x->secs,
                x->blocks / x->secs, x->events / x->secs, x->messages / x->secs, x->daemon_cpu_s * 1e9 / b,

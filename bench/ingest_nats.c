@@ -76,6 +76,7 @@ struct tidset {
     size_t n;
 };
 
+/* Is @p t in @p s? */
 static bool tid_in(const struct tidset *s, pid_t t)
 {
     for (size_t i = 0; i < s->n; i++)
@@ -239,8 +240,10 @@ struct nsnap {
         redelivered, restarts;
 };
 
+/* A counter, relaxed (the source thread writes it). */
 static uint64_t ld(const _Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }
 
+/* Snapshot of source 0's counters (all zero when it does not exist). Any thread. */
 static void nsnap_read(struct kvi_nats *n, struct nsnap *s)
 {
     struct kvi_nats_source_info in;
@@ -257,6 +260,7 @@ static void nsnap_read(struct kvi_nats *n, struct nsnap *s)
         s->decode_errors += ld(&c->decode_errors[e]);
 }
 
+/* The writers' counters, summed over the pool (kvi_writer_stats). */
 struct writers_snap {
     uint64_t blocks, removed, queued, rejected, stalls, busy_ns;
 };
@@ -289,6 +293,11 @@ struct nrun {
     uint64_t probes; /* raw probe messages published (not events) */
 };
 
+/*
+ * One NATS publisher per engine (JetStream: the first creates the stream);
+ * @p pub_tids receives the threads they added (their connections').
+ * @return 0, or -1 (logged; those created are freed by nrun_teardown).
+ */
 static int make_publishers(struct nrun *r, struct tidset *pub_tids)
 {
     const struct ingest_cfg *c = r->c;
@@ -316,6 +325,7 @@ static int make_publishers(struct nrun *r, struct tidset *pub_tids)
     return 0;
 }
 
+/* The plane's one source; r->grp.source receives the threads it added. @return 0 or -1 (logged). */
 static int add_source(struct nrun *r)
 {
     struct tidset before, after;
@@ -430,6 +440,7 @@ static int nrun_sync(struct nrun *r)
     return -1;
 }
 
+/* Free whatever nrun_setup made, in reverse order (publishers before the plane, the server last). */
 static void nrun_teardown(struct nrun *r)
 {
     if (r->pub != NULL)
@@ -467,6 +478,7 @@ static uint64_t n_done(const struct nsnap *s, const struct nsnap *s0)
            (s->dropped - s0->dropped) + (s->lost - s0->lost);
 }
 
+/* Publish the workload and wait (bounded) until the source and the writers are done with it. */
 static void nrun_timed(struct nrun *r, const struct ingest_workload *wl, struct nmeas *m)
 {
     const struct ingest_cfg *c = r->c;
@@ -522,6 +534,7 @@ static void nrun_timed(struct nrun *r, const struct ingest_workload *wl, struct 
     m->cpu1[NG_PUB] = (double)m->pub_cpu_ns / 1e9;
 }
 
+/* Print the run's table and JSON line; fill @p out. */
 static void nrun_report(const struct nrun *r, const struct ingest_workload *wl, const struct nmeas *m,
                         struct ingest_summary *out)
 {
