@@ -34,6 +34,12 @@
  * the CPU time of each thread group (listeners: kvi_listener_thread_stats, to
  * the nanosecond; others: /proc/self/task, to 10 ms) and ring stalls. A benchmark: it prints
  * figures and never asserts; the last line is one JSON object.
+ *
+ * TRANSPORTS. --transport takes a comma list (all = tcp,nats,jetstream): the
+ * workload is built once and each transport runs on it in turn, with its own
+ * index and writers; a summary table closes a run of several. The NATS ones
+ * (nats, jetstream, jetstream-mem) are bench/ingest_nats.c; bench/ingest.h
+ * holds what the two files share.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -47,6 +53,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/ingest.h"
 #include "engine/common.h"
 
 #include <kvidx/publisher.h>
@@ -66,25 +73,16 @@
 #define VOCAB 151000u
 #define DEFAULT_TRACE "/work/shared/data/mooncake-traces/conversation_trace.jsonl"
 
-struct ingest_cfg {
-    uint32_t workers, publishers, listeners, writers;
-    uint32_t block_size, cache_ids, event_blocks, batch_events, requests;
-    bool array_form;
-    const char *trace;
-    const char *transport;
-    uint64_t seed;
-};
-
 /* ---- trace ---------------------------------------------------------------- */
 
-struct trace {
+struct ingest_trace {
     uint64_t *ids;  /* all hash ids, request after request */
     size_t *off;    /* n_req + 1 offsets into ids */
     size_t n_req, n_ids;
     bool synthetic;
 };
 
-static void trace_push(struct trace *t, size_t *cap_ids, size_t *cap_req, uint64_t id)
+static void trace_push(struct ingest_trace *t, size_t *cap_ids, size_t *cap_req, uint64_t id)
 {
     if (t->n_ids == *cap_ids) {
         *cap_ids = *cap_ids ? *cap_ids * 2 : 1 << 16;
@@ -94,7 +92,7 @@ static void trace_push(struct trace *t, size_t *cap_ids, size_t *cap_req, uint64
     (void)cap_req;
 }
 
-static void trace_end_request(struct trace *t, size_t *cap_req)
+static void trace_end_request(struct ingest_trace *t, size_t *cap_req)
 {
     if (t->n_req + 2 > *cap_req) {
         *cap_req = *cap_req ? *cap_req * 2 : 1 << 12;
@@ -105,7 +103,7 @@ static void trace_end_request(struct trace *t, size_t *cap_req)
 }
 
 /* Read the hash_ids arrays of a Mooncake JSONL trace. @return false when the file cannot be read. */
-static bool trace_load(struct trace *t, const char *path, uint32_t max_req)
+static bool trace_load(struct ingest_trace *t, const char *path, uint32_t max_req)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL)
@@ -143,7 +141,7 @@ static bool trace_load(struct trace *t, const char *path, uint32_t max_req)
  * trace directory: 24 ids per request on average, 37 % of ids reuse a
  * prefix): 4 in 10 requests continue an earlier request's chain.
  */
-static void trace_synth(struct trace *t, uint32_t n_req, uint64_t seed)
+static void trace_synth(struct ingest_trace *t, uint32_t n_req, uint64_t seed)
 {
     size_t cap_ids = 0, cap_req = 0;
     trace_end_request(t, &cap_req);
@@ -295,19 +293,6 @@ static uint64_t lru_pop(struct lru *l)
 
 /* ---- payloads ------------------------------------------------------------- */
 
-struct engine {
-    uint32_t idx;
-    uint64_t seed;
-    struct lru cache;
-    /* encoded batches */
-    char *buf;
-    size_t len, cap;
-    size_t *boff; /* batch b = buf[boff[b] .. boff[b + 1]) */
-    size_t n_batches, cap_batches;
-    uint64_t stored_blocks, removed_hashes, events_stored, events_removed;
-    struct kvidx_pub *pub;
-    char endpoint[128];
-};
 
 struct evref;
 
@@ -325,7 +310,7 @@ struct gen {
     size_t n_ev, cap_ev;
 };
 
-static uint64_t engine_hash(const struct engine *e, uint64_t id, uint32_t j)
+static uint64_t engine_hash(const struct ingest_engine *e, uint64_t id, uint32_t j)
 {
     uint64_t s = e->seed ^ (id * 0x100000001b3ull + j);
     return kvi_bench_rand(&s);
@@ -399,7 +384,7 @@ static void pack_removed(struct gen *g, const uint64_t *h, size_t n)
     pack_str(pk, "GPU");
 }
 
-static void engine_add_batch(struct engine *e, const msgpack_sbuffer *sb)
+static void engine_add_batch(struct ingest_engine *e, const msgpack_sbuffer *sb)
 {
     if (e->len + sb->size > e->cap) {
         e->cap = KVI_MAX(e->cap * 2, e->len + sb->size + (1 << 20));
@@ -440,17 +425,61 @@ static void gen_event(struct gen *g, bool removed, size_t from, size_t m)
     g->ev[g->n_ev++] = (struct evref){removed, from, m};
 }
 
+/* The parent of stored event v of a request whose first k ids were cached. @return false: none. */
+static bool event_parent(const struct gen *g, const struct ingest_engine *e, const uint64_t *ids, size_t k,
+                         const struct evref *v, uint64_t *parent)
+{
+    if (v->from > 0)
+        *parent = g->hashes[v->from - 1];
+    else if (k > 0)
+        *parent = engine_hash(e, ids[k - 1], g->sub - 1);
+    return v->from > 0 || k > 0;
+}
+
+#define GROW(arr, n, cap, need)                                                                                       \
+    do {                                                                                                             \
+        if ((n) + (need) > (cap)) {                                                                                  \
+            (cap) = KVI_MAX((cap) * 2, (n) + (need) + 4096);                                                         \
+            (arr) = kvi_xrealloc((arr), (cap) * sizeof *(arr));                                                      \
+        }                                                                                                            \
+    } while (0)
+
+/* Keep the request's events g->ev raw (NATS transports publish them one message each). */
+static void engine_keep_events(const struct gen *g, struct ingest_engine *e, const uint64_t *ids, size_t k)
+{
+    uint32_t B = g->c->block_size;
+    GROW(e->rq, e->n_rq, e->cap_rq, 2);
+    if (e->n_rq == 0)
+        e->rq[0] = 0;
+    GROW(e->ev, e->n_ev, e->cap_ev, g->n_ev);
+    for (size_t i = 0; i < g->n_ev; i++) {
+        const struct evref *v = &g->ev[i];
+        struct ingest_ev *x = &e->ev[e->n_ev++];
+        *x = (struct ingest_ev){.h = e->n_h, .t = e->n_t, .n = (uint32_t)v->m, .removed = v->removed};
+        GROW(e->ev_h, e->n_h, e->cap_h, v->m);
+        memcpy(e->ev_h + e->n_h, (v->removed ? g->rm : g->hashes) + v->from, v->m * sizeof *e->ev_h);
+        e->n_h += v->m;
+        if (v->removed)
+            continue;
+        x->has_parent = event_parent(g, e, ids, k, v, &x->parent);
+        GROW(e->ev_t, e->n_t, e->cap_t, v->m * B);
+        memcpy(e->ev_t + e->n_t, g->tokens + v->from * B, v->m * B * sizeof *e->ev_t);
+        e->n_t += v->m * B;
+    }
+    e->rq[++e->n_rq] = e->n_ev;
+}
+
 /*
  * One request on engine e: stored events for the blocks of its uncached ids,
  * removed events for the ids evicted to make room, packed into batches of at
  * most --batch-events events (default: one batch per request).
  */
-static void engine_request(struct gen *g, struct engine *e, const uint64_t *ids, size_t n)
+static void engine_request(struct gen *g, struct ingest_engine *e, struct lru *cache, const uint64_t *ids, size_t n)
 {
     uint32_t sub = g->sub, B = g->c->block_size;
     n = KVI_MIN(n, (size_t)MAX_CHAIN);
     size_t k = 0;
-    while (k < n && lru_has(&e->cache, ids[k]))
+    while (k < n && lru_has(cache, ids[k]))
         k++;
     g->n_ev = 0;
     size_t nb = (n - k) * sub;
@@ -470,18 +499,18 @@ static void engine_request(struct gen *g, struct engine *e, const uint64_t *ids,
 
     /* vLLM frees a request's blocks last first: the leaf gets the oldest LRU stamp */
     for (size_t i = n; i-- > 0;)
-        lru_touch(&e->cache, ids[i]);
+        lru_touch(cache, ids[i]);
     /* Evict least recently used ids: leaves of other chains (a parent's stamp is always newer
      * than its children's, and this request's chain was just touched). */
     size_t nr = 0;
-    if (e->cache.n > e->cache.limit) {
-        size_t need = (size_t)(e->cache.n - e->cache.limit) * sub;
+    if (cache->n > cache->limit) {
+        size_t need = (size_t)(cache->n - cache->limit) * sub;
         if (need > g->cap_rm) {
             g->cap_rm = need * 2;
             g->rm = kvi_xrealloc(g->rm, g->cap_rm * sizeof *g->rm);
         }
-        while (e->cache.n > e->cache.limit) {
-            uint64_t id = lru_pop(&e->cache);
+        while (cache->n > cache->limit) {
+            uint64_t id = lru_pop(cache);
             for (uint32_t j = sub; j-- > 0;)
                 g->rm[nr++] = engine_hash(e, id, j);
         }
@@ -490,6 +519,16 @@ static void engine_request(struct gen *g, struct engine *e, const uint64_t *ids,
         e->removed_hashes += nr;
     }
 
+    for (size_t i = 0; i < g->n_ev; i++) {
+        if (g->ev[i].removed)
+            e->events_removed++;
+        else
+            e->events_stored++;
+    }
+    if (g->c->want_events)
+        engine_keep_events(g, e, ids, k);
+    if (!g->c->want_batches)
+        return;
     size_t k_per = g->c->batch_events ? g->c->batch_events : SIZE_MAX;
     for (size_t first = 0; first < g->n_ev; first += k_per) {
         size_t cnt = KVI_MIN(k_per, g->n_ev - first);
@@ -501,13 +540,12 @@ static void engine_request(struct gen *g, struct engine *e, const uint64_t *ids,
             const struct evref *v = &g->ev[i];
             if (v->removed) {
                 pack_removed(g, g->rm + v->from, v->m);
-                e->events_removed++;
                 continue;
             }
-            uint64_t parent = v->from > 0 ? g->hashes[v->from - 1] : k > 0 ? engine_hash(e, ids[k - 1], sub - 1) : 0;
-            pack_stored(g, g->hashes + v->from, g->tokens + v->from * B, v->m,
-                        v->from > 0 || k > 0 ? &parent : NULL);
-            e->events_stored++;
+            uint64_t parent;
+            bool has_parent = event_parent(g, e, ids, k, v, &parent);
+            pack_stored(g, g->hashes + v->from, g->tokens + v->from * g->c->block_size, v->m,
+                        has_parent ? &parent : NULL);
         }
         msgpack_pack_int(&g->pk, 0);
         engine_add_batch(e, &g->sb);
@@ -518,14 +556,14 @@ static void engine_request(struct gen *g, struct engine *e, const uint64_t *ids,
 
 struct pub_thread {
     pthread_t tid;
-    struct engine *eng;
+    struct ingest_engine *eng;
     uint32_t n_eng;
     _Atomic int *go;
     uint64_t cpu_ns;
     int err;
 };
 
-static uint64_t thread_cpu_ns(void)
+uint64_t ingest_thread_cpu_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -539,12 +577,12 @@ static void *pub_main(void *arg)
     pthread_setname_np(pthread_self(), "kvi-bench-pub");
     while (!atomic_load_explicit(pt->go, memory_order_acquire))
         sched_yield();
-    uint64_t c0 = thread_cpu_ns();
+    uint64_t c0 = ingest_thread_cpu_ns();
     size_t *next = kvi_xcalloc(pt->n_eng, sizeof *next);
     for (bool more = true; more;) {
         more = false;
         for (uint32_t i = 0; i < pt->n_eng; i++) {
-            struct engine *e = &pt->eng[i];
+            struct ingest_engine *e = &pt->eng[i];
             size_t b = next[i];
             if (b == e->n_batches)
                 continue;
@@ -556,7 +594,7 @@ static void *pub_main(void *arg)
         }
     }
     free(next);
-    pt->cpu_ns = thread_cpu_ns() - c0;
+    pt->cpu_ns = ingest_thread_cpu_ns() - c0;
     return NULL;
 }
 
@@ -610,16 +648,48 @@ static void usage(void)
 {
     printf("usage: kvidx-bench ingest [--workers W] [--publishers P] [--listeners L] [--writers N]\n"
            "                          [--block-size B] [--cache-ids C] [--event-blocks E] [--batch-events K]\n"
-           "                          [--requests R] [--transport tcp|ipc|inproc] [--form map|array]\n"
+           "                          [--requests R] [--transport T[,T...]|all] [--form map|array]\n"
            "                          [--trace PATH] [--seed X]\n"
            "  W engines (publishers, registrations): 8     P publisher threads: 1\n"
            "  L listener threads: 1                        N writer threads: 1\n"
            "  B tokens per block, divides 512: 16          C trace ids cached per engine: 4096\n"
            "  E max blocks per stored / removed event: 0 = one event per request and kind\n"
            "  K max events per batch: 0 = one batch per request\n"
-           "  R requests of the trace: 0 = all           transport: tcp (loopback), form: map\n"
+           "  R requests of the trace: 0 = all           form: map\n"
+           "  T: tcp (loopback, the default), ipc, inproc (ZMQ, vLLM batches); nats (Core NATS), jetstream\n"
+           "     (Dynamo RouterEvents, one message per event, through a private nats-server: $KVI_NATS_SERVER,\n"
+           "     else nats-server on PATH), jetstream-mem (the stream in memory); several run one after\n"
+           "     another on the same workload; all = tcp,nats,jetstream\n"
            "  trace: %s (a synthetic one when missing)\n",
            DEFAULT_TRACE);
+}
+
+static bool is_nats(const char *t) { return !strcmp(t, "nats") || !strncmp(t, "jetstream", 9); }
+
+/*
+ * Split c->transport ("tcp", "nats,jetstream", "all" = tcp,nats,jetstream) into c->transports.
+ * @return false on an unknown name or too many.
+ */
+static bool parse_transports(struct ingest_cfg *c)
+{
+    static const char *const known[] = {"tcp", "ipc", "inproc", "nats", "jetstream", "jetstream-mem"};
+    static char list[256];
+    snprintf(list, sizeof list, "%s", !strcmp(c->transport, "all") ? "tcp,nats,jetstream" : c->transport);
+    c->n_transports = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(list, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        const char *k = NULL;
+        for (size_t i = 0; i < sizeof known / sizeof *known && k == NULL; i++)
+            k = !strcmp(t, known[i]) ? known[i] : NULL;
+        if (k == NULL || c->n_transports == INGEST_MAX_TRANSPORTS)
+            return false;
+        c->transports[c->n_transports++] = k;
+        if (is_nats(k))
+            c->want_events = true;
+        else
+            c->want_batches = true;
+    }
+    return c->n_transports > 0;
 }
 
 static int parse_args(struct ingest_cfg *c, int argc, char **argv)
@@ -658,9 +728,10 @@ static int parse_args(struct ingest_cfg *c, int argc, char **argv)
     bool ok = c->workers > 0 && c->publishers > 0 && c->publishers <= c->workers && c->listeners > 0 &&
               c->listeners <= KVI_LISTEN_MAX_THREADS && c->writers > 0 && c->writers <= KVI_WRITER_MAX &&
               c->block_size > 0 && ID_TOKENS % c->block_size == 0 && c->cache_ids >= 512 &&
-              (!strcmp(c->transport, "tcp") || !strcmp(c->transport, "ipc") || !strcmp(c->transport, "inproc"));
+              parse_transports(c);
     if (!ok) {
-        fprintf(stderr, "ingest: invalid options (block size must divide 512, cache-ids >= 512)\n");
+        fprintf(stderr, "ingest: invalid options (block size must divide 512, cache-ids >= 512, transports "
+                        "tcp, ipc, inproc, nats, jetstream, jetstream-mem or all)\n");
         return 2;
     }
     return -1;
@@ -681,71 +752,81 @@ static void nap_us(long us)
     nanosleep(&ts, NULL);
 }
 
-/* The encoded workload. */
-struct workload {
-    struct trace tr;
-    struct gen g;
-    struct engine *eng;
-    uint64_t batches, payload, blocks, removed, ev_st, ev_rm, gen_ns;
-};
 
-static void workload_build(struct workload *wl, const struct ingest_cfg *c)
+static void workload_build(struct ingest_workload *wl, const struct ingest_cfg *c)
 {
     memset(wl, 0, sizeof *wl);
-    if (!trace_load(&wl->tr, c->trace, c->requests)) {
+    wl->tr = kvi_xcalloc(1, sizeof *wl->tr);
+    if (!trace_load(wl->tr, c->trace, c->requests)) {
         fprintf(stderr, "ingest: %s not readable; using a synthetic trace\n", c->trace);
-        trace_synth(&wl->tr, c->requests ? c->requests : 12000, c->seed);
+        trace_synth(wl->tr, c->requests ? c->requests : 12000, c->seed);
     }
-    wl->g = (struct gen){.c = c, .sub = ID_TOKENS / c->block_size};
-    msgpack_sbuffer_init(&wl->g.sb);
-    msgpack_packer_init(&wl->g.pk, &wl->g.sb, msgpack_sbuffer_write);
+    wl->g = kvi_xcalloc(1, sizeof *wl->g);
+    *wl->g = (struct gen){.c = c, .sub = ID_TOKENS / c->block_size};
+    msgpack_sbuffer_init(&wl->g->sb);
+    msgpack_packer_init(&wl->g->pk, &wl->g->sb, msgpack_sbuffer_write);
     wl->eng = kvi_xcalloc(c->workers, sizeof *wl->eng);
+    struct lru *cache = kvi_xcalloc(c->workers, sizeof *cache);
     uint64_t seed = c->seed;
     for (uint32_t w = 0; w < c->workers; w++) {
         wl->eng[w].idx = w;
         wl->eng[w].seed = kvi_bench_rand(&seed);
-        lru_init(&wl->eng[w].cache, c->cache_ids);
+        lru_init(&cache[w], c->cache_ids);
     }
     uint64_t t0 = kvi_now_ns();
-    for (size_t r = 0; r < wl->tr.n_req; r++)
-        engine_request(&wl->g, &wl->eng[r % c->workers], wl->tr.ids + wl->tr.off[r],
-                       wl->tr.off[r + 1] - wl->tr.off[r]);
+    for (size_t r = 0; r < wl->tr->n_req; r++)
+        engine_request(wl->g, &wl->eng[r % c->workers], &cache[r % c->workers], wl->tr->ids + wl->tr->off[r],
+                       wl->tr->off[r + 1] - wl->tr->off[r]);
     wl->gen_ns = kvi_now_ns() - t0;
+    wl->synthetic = wl->tr->synthetic;
     for (uint32_t w = 0; w < c->workers; w++) {
-        struct engine *e = &wl->eng[w];
+        struct ingest_engine *e = &wl->eng[w];
         wl->batches += e->n_batches;
         wl->payload += e->len;
         wl->blocks += e->stored_blocks;
         wl->removed += e->removed_hashes;
         wl->ev_st += e->events_stored;
         wl->ev_rm += e->events_removed;
-        lru_free(&e->cache);
+        lru_free(&cache[w]);
     }
+    free(cache);
     printf("kvidx ingest: %zu requests (%s%s), %u engines, block size %u (%u blocks per trace id)\n",
-           wl->tr.n_req, wl->tr.synthetic ? "synthetic" : "trace ", wl->tr.synthetic ? "" : c->trace, c->workers,
-           c->block_size, wl->g.sub);
-    printf("  workload: %llu batches, %llu stored events (%.1f blocks each), %llu removed events "
-           "(%.1f hashes each), %.1f MB of payload (%.0f B per batch), encoded in %.2f s\n",
-           (unsigned long long)wl->batches, (unsigned long long)wl->ev_st,
-           wl->ev_st ? (double)wl->blocks / (double)wl->ev_st : 0, (unsigned long long)wl->ev_rm,
-           wl->ev_rm ? (double)wl->removed / (double)wl->ev_rm : 0, (double)wl->payload / 1e6,
-           wl->batches ? (double)wl->payload / (double)wl->batches : 0, (double)wl->gen_ns / 1e9);
+           wl->tr->n_req, wl->tr->synthetic ? "synthetic" : "trace ", wl->tr->synthetic ? "" : c->trace, c->workers,
+           c->block_size, wl->g->sub);
+    printf("  workload: %llu stored events (%.1f blocks each), %llu removed events (%.1f hashes each), "
+           "generated in %.2f s\n",
+           (unsigned long long)wl->ev_st, wl->ev_st ? (double)wl->blocks / (double)wl->ev_st : 0,
+           (unsigned long long)wl->ev_rm, wl->ev_rm ? (double)wl->removed / (double)wl->ev_rm : 0,
+           (double)wl->gen_ns / 1e9);
+    if (c->want_batches)
+        printf("  ZMQ: %llu batches, %.1f MB of vLLM msgpack (%.0f B per batch)\n", (unsigned long long)wl->batches,
+               (double)wl->payload / 1e6, wl->batches ? (double)wl->payload / (double)wl->batches : 0);
+    if (c->want_events)
+        printf("  NATS: one message per event (a RouterEvent holds one event): %llu messages\n",
+               (unsigned long long)(wl->ev_st + wl->ev_rm));
 }
 
-static void workload_free(struct workload *wl, const struct ingest_cfg *c)
+static void workload_free(struct ingest_workload *wl, const struct ingest_cfg *c)
 {
     for (uint32_t w = 0; w < c->workers; w++) {
-        free(wl->eng[w].buf);
-        free(wl->eng[w].boff);
+        struct ingest_engine *e = &wl->eng[w];
+        free(e->buf);
+        free(e->boff);
+        free(e->ev);
+        free(e->ev_h);
+        free(e->ev_t);
+        free(e->rq);
     }
     free(wl->eng);
-    free(wl->g.hashes);
-    free(wl->g.tokens);
-    free(wl->g.rm);
-    free(wl->g.ev);
-    msgpack_sbuffer_destroy(&wl->g.sb);
-    free(wl->tr.ids);
-    free(wl->tr.off);
+    free(wl->g->hashes);
+    free(wl->g->tokens);
+    free(wl->g->rm);
+    free(wl->g->ev);
+    msgpack_sbuffer_destroy(&wl->g->sb);
+    free(wl->g);
+    free(wl->tr->ids);
+    free(wl->tr->off);
+    free(wl->tr);
 }
 
 /* Writers, index, listener pool, one publisher and one registration per engine. */
@@ -756,7 +837,7 @@ struct pipeline {
     void *zctx; /* the publishers' context (the listeners' too with inproc) */
 };
 
-static int pipeline_setup(struct pipeline *pl, const struct ingest_cfg *c, struct engine *eng)
+static int pipeline_setup(struct pipeline *pl, const struct ingest_cfg *c, struct ingest_engine *eng)
 {
     pl->pool = kvi_writer_pool_create(c->writers, 0);
     struct kvi_index_config icfg = {.block_size = c->block_size, .n_parts = c->writers};
@@ -773,7 +854,7 @@ static int pipeline_setup(struct pipeline *pl, const struct ingest_cfg *c, struc
         return -1;
     }
     for (uint32_t w = 0; w < c->workers; w++) {
-        struct engine *e = &eng[w];
+        struct ingest_engine *e = &eng[w];
         struct kvidx_pub_config pc;
         kvidx_pub_config_init(&pc);
         char ep[128];
@@ -803,7 +884,7 @@ static int pipeline_setup(struct pipeline *pl, const struct ingest_cfg *c, struc
 }
 
 /* PUB/SUB slow joiner: probe (no sequence number consumed) until every listener got one. */
-static int pipeline_sync(struct pipeline *pl, const struct ingest_cfg *c, struct engine *eng)
+static int pipeline_sync(struct pipeline *pl, const struct ingest_cfg *c, struct ingest_engine *eng)
 {
     const void *probe[1] = {"probe"};
     size_t probe_len[1] = {5};
@@ -825,12 +906,13 @@ static int pipeline_sync(struct pipeline *pl, const struct ingest_cfg *c, struct
     return -1;
 }
 
-static void pipeline_free(struct pipeline *pl, const struct ingest_cfg *c, struct engine *eng)
+static void pipeline_free(struct pipeline *pl, const struct ingest_cfg *c, struct ingest_engine *eng)
 {
     if (pl->lp)
         kvi_listeners_destroy(pl->lp);
     for (uint32_t w = 0; w < c->workers; w++) {
         kvidx_pub_destroy(eng[w].pub);
+        eng[w].pub = NULL;
         if (!strncmp(eng[w].endpoint, "ipc://", 6))
             unlink(eng[w].endpoint + 6); /* libzmq leaves the socket file behind */
     }
@@ -868,7 +950,7 @@ static void snapshot(struct pipeline *pl, const struct ingest_cfg *c, struct kvi
 }
 
 /* Send everything, then wait until it is applied (or nothing moved for 10 s). */
-static void run_timed(struct run *r, struct pipeline *pl, const struct ingest_cfg *c, struct workload *wl)
+static void run_timed(struct run *r, struct pipeline *pl, const struct ingest_cfg *c, struct ingest_workload *wl)
 {
     snapshot(pl, c, r->ws0, r->ls0, r->cpu0);
     _Atomic int go = 0;
@@ -910,12 +992,13 @@ static void run_timed(struct run *r, struct pipeline *pl, const struct ingest_cf
     r->cpu1[CPU_PUB] = r->cpu0[CPU_PUB] + (double)r->pub_cpu_ns / 1e9; /* those threads have exited */
 }
 
-static void row(const char *name, double v)
+void ingest_row(const char *name, double v)
 {
     printf(v >= 100 || v == 0 ? "  %-46s %14.0f\n" : "  %-46s %14.2f\n", name, v);
 }
 
-static void report(const struct run *r, const struct ingest_cfg *c, const struct workload *wl)
+static void report(const struct run *r, const struct ingest_cfg *c, const struct ingest_workload *wl,
+                   struct ingest_summary *out)
 {
     double secs = (double)r->elapsed_ns / 1e9, nb = (double)wl->batches;
     const struct kvi_listener_counters *ctr = &r->tot.ctr;
@@ -938,26 +1021,27 @@ static void report(const struct run *r, const struct ingest_cfg *c, const struct
     double per_lb = lcpu > 0 ? nb / lcpu : 0, per_lk = lcpu > 0 ? (double)ctr->blocks_stored / lcpu : 0;
 
     printf("\n  %-46s %14s\n", "metric", "value");
-    row("elapsed s (first send -> last op applied)", secs);
-    row("publishers done sending, s", (double)r->sent_ns / 1e9);
-    row("batches/s", bps);
-    row("stored blocks/s", blkps);
-    row("batches per listener CPU-second", per_lb);
-    row("stored blocks per listener CPU-second", per_lk);
-    row("stored blocks per writer CPU-second", wcpu > 0 ? (double)ctr->blocks_stored / wcpu : 0);
-    row("payload MB/s", (double)wl->payload / 1e6 / secs);
-    row("listener decode ns per batch", (double)dec / nb);
-    row("listener ingest + submit ns per batch", (double)ing / nb);
-    row("listener other ns per batch (recv, framing)", (double)(busy - KVI_MIN(busy, dec + ing)) / nb);
-    row("listener busy % of elapsed (per thread)", 100.0 * (double)busy / c->listeners / (double)r->elapsed_ns);
-    row("writer busy % of elapsed (per writer)", 100.0 * (double)wbusy / c->writers / (double)r->elapsed_ns);
-    row("writer ring stalls", (double)wstall);
-    row("stored blocks applied", (double)ctr->blocks_stored);
-    row("removed hashes known to the index", (double)ctr->hashes_removed);
-    row("stores rejected (parent unknown)", (double)ctr->ops_parent_not_found);
-    row("gaps", (double)ctr->gaps);
-    row("lost batches", (double)ctr->lost);
-    row("decode errors", (double)ctr->decode_errors);
+    ingest_row("elapsed s (first send -> last op applied)", secs);
+    ingest_row("publishers done sending, s", (double)r->sent_ns / 1e9);
+    ingest_row("batches/s", bps);
+    ingest_row("events/s", (double)(wl->ev_st + wl->ev_rm) / secs);
+    ingest_row("stored blocks/s", blkps);
+    ingest_row("batches per listener CPU-second", per_lb);
+    ingest_row("stored blocks per listener CPU-second", per_lk);
+    ingest_row("stored blocks per writer CPU-second", wcpu > 0 ? (double)ctr->blocks_stored / wcpu : 0);
+    ingest_row("payload MB/s", (double)wl->payload / 1e6 / secs);
+    ingest_row("listener decode ns per batch", (double)dec / nb);
+    ingest_row("listener ingest + submit ns per batch", (double)ing / nb);
+    ingest_row("listener other ns per batch (recv, framing)", (double)(busy - KVI_MIN(busy, dec + ing)) / nb);
+    ingest_row("listener busy % of elapsed (per thread)", 100.0 * (double)busy / c->listeners / (double)r->elapsed_ns);
+    ingest_row("writer busy % of elapsed (per writer)", 100.0 * (double)wbusy / c->writers / (double)r->elapsed_ns);
+    ingest_row("writer ring stalls", (double)wstall);
+    ingest_row("stored blocks applied", (double)ctr->blocks_stored);
+    ingest_row("removed hashes known to the index", (double)ctr->hashes_removed);
+    ingest_row("stores rejected (parent unknown)", (double)ctr->ops_parent_not_found);
+    ingest_row("gaps", (double)ctr->gaps);
+    ingest_row("lost batches", (double)ctr->lost);
+    ingest_row("decode errors", (double)ctr->decode_errors);
     if (r->pub_err != 0)
         printf("  publisher error: %s\n", strerror(-r->pub_err));
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -965,17 +1049,71 @@ static void report(const struct run *r, const struct ingest_cfg *c, const struct
            (double)ncpu * secs);
     for (int i = 0; i < CPU_GROUPS; i++)
         printf("    %-44s %14.2f\n", cpu_group_name[i], i == CPU_LISTEN ? lcpu : r->cpu1[i] - r->cpu0[i]);
+    /* the consumer's side: listeners, writers and every ZMQ I/O thread (the publishers' context's too) */
+    double daemon = lcpu + wcpu + (r->cpu1[CPU_ZMQ] - r->cpu0[CPU_ZMQ]);
+    double blocks = (double)ctr->blocks_stored;
+    printf("    %-44s %14.0f\n", "daemon side ns per stored block", blocks > 0 ? daemon * 1e9 / blocks : 0);
+    *out = (struct ingest_summary){
+        .ok = ctr->gaps == 0 && ctr->lost == 0 && ctr->decode_errors == 0 && ctr->batches == wl->batches,
+        .secs = secs,
+        .blocks = blocks,
+        .events = (double)(wl->ev_st + wl->ev_rm),
+        .messages = nb,
+        .daemon_cpu_s = daemon,
+        .pub_cpu_s = r->cpu1[CPU_PUB] - r->cpu0[CPU_PUB],
+        .lost = ctr->gaps + ctr->lost,
+    };
+    snprintf(out->transport, sizeof out->transport, "%s", c->transport);
 
     printf("{\"bench\":\"ingest\",\"batches_per_s\":%.0f,\"blocks_per_s\":%.0f,\"listener_threads\":%u,"
            "\"writer_threads\":%u,\"batches_per_listener_cpu_s\":%.0f,\"blocks_per_listener_cpu_s\":%.0f,"
            "\"workers\":%u,\"block_size\":%u,\"transport\":\"%s\",\"batches\":%llu,\"stored_blocks\":%llu,"
            "\"removed_hashes\":%llu,\"payload_mb\":%.1f,\"decode_ns_per_batch\":%.0f,\"ingest_ns_per_batch\":%.0f,"
-           "\"writer_busy_pct\":%.1f,\"gaps\":%llu,\"lost\":%llu,\"trace\":\"%s\"}\n",
+           "\"writer_busy_pct\":%.1f,\"gaps\":%llu,\"lost\":%llu,\"trace\":\"%s\",\"events_per_s\":%.0f,"
+           "\"daemon_cpu_ns_per_block\":%.0f}\n",
            bps, blkps, c->listeners, c->writers, per_lb, per_lk, c->workers, c->block_size, c->transport,
            (unsigned long long)wl->batches, (unsigned long long)ctr->blocks_stored,
            (unsigned long long)ctr->hashes_removed, (double)wl->payload / 1e6, (double)dec / nb, (double)ing / nb,
            100.0 * (double)wbusy / c->writers / (double)r->elapsed_ns, (unsigned long long)ctr->gaps,
-           (unsigned long long)ctr->lost, wl->tr.synthetic ? "synthetic" : "conversation");
+           (unsigned long long)ctr->lost, wl->tr->synthetic ? "synthetic" : "conversation",
+           (double)(wl->ev_st + wl->ev_rm) / secs, blocks > 0 ? daemon * 1e9 / blocks : 0);
+}
+
+/* One ZMQ transport's run (c->transport tcp, ipc or inproc). @return 0, or 1 when set-up failed. */
+static int zmq_run(const struct ingest_cfg *c, struct ingest_workload *wl, struct ingest_summary *out)
+{
+    printf("\n== transport %s: ZMQ, vLLM msgpack batches ==\n", c->transport);
+    struct pipeline pl = {0};
+    int rc = pipeline_setup(&pl, c, wl->eng) == 0 && pipeline_sync(&pl, c, wl->eng) == 0 ? 0 : 1;
+    if (rc == 0) {
+        struct run *r = kvi_xcalloc(1, sizeof *r);
+        run_timed(r, &pl, c, wl);
+        report(r, c, wl, out);
+        free(r);
+    }
+    pipeline_free(&pl, c, wl->eng);
+    return rc;
+}
+
+/* The closing table of an invocation that ran several transports. */
+static void summary(const struct ingest_summary *s, uint32_t n)
+{
+    printf("\n== summary: one workload, every transport ==\n");
+    printf("  %-14s %8s %12s %10s %10s %12s %12s %12s %6s\n", "transport", "s", "blocks/s", "events/s", "msgs/s",
+           "daemon ns/b", "server ns/b", "pub ns/b", "ok");
+    for (uint32_t i = 0; i < n; i++) {
+        const struct ingest_summary *x = &s[i];
+        if (x->secs <= 0) {
+            printf("  %-14s (set-up failed: not run)\n", x->transport);
+            continue;
+        }
+        double b = x->blocks > 0 ? x->blocks : 1;
+        printf("  %-14s %8.2f %12.0f %10.0f %10.0f %12.0f %12.0f %12.0f %6s\n", x->transport, x->secs,
+               x->blocks / x->secs, x->events / x->secs, x->messages / x->secs, x->daemon_cpu_s * 1e9 / b,
+               x->server_cpu_s * 1e9 / b, x->pub_cpu_s * 1e9 / b, x->ok ? "yes" : "NO");
+    }
+    printf("  (ns/b: CPU ns per stored block; daemon = listeners or NATS source + its libnats threads, writers,\n"
+           "   and for ZMQ every ZMQ I/O thread; server = nats-server; pub = publisher threads + their libnats)\n");
 }
 
 int kvi_bench_ingest(int argc, char **argv)
@@ -985,20 +1123,23 @@ int kvi_bench_ingest(int argc, char **argv)
     int rc = parse_args(&c, argc, argv);
     if (rc >= 0)
         return rc;
-    struct workload wl;
+    struct ingest_workload wl;
     workload_build(&wl, &c);
     kvi_rcu_register_thread();
-    struct pipeline pl = {0};
-    rc = pipeline_setup(&pl, &c, wl.eng) == 0 && pipeline_sync(&pl, &c, wl.eng) == 0 ? 0 : 1;
-    if (rc == 0) {
-        struct run *r = kvi_xcalloc(1, sizeof *r);
-        run_timed(r, &pl, &c, &wl);
-        report(r, &c, &wl);
-        free(r);
+    struct ingest_summary sum[INGEST_MAX_TRANSPORTS] = {0};
+    rc = 0;
+    for (uint32_t i = 0; i < c.n_transports; i++) {
+        struct ingest_cfg one = c;
+        one.transport = c.transports[i];
+        int r = is_nats(one.transport) ? ingest_nats_run(&one, &wl, &sum[i]) : zmq_run(&one, &wl, &sum[i]);
+        snprintf(sum[i].transport, sizeof sum[i].transport, "%s", one.transport);
+        rc = rc ? rc : r;
     }
-    pipeline_free(&pl, &c, wl.eng);
+    if (c.want_events)
+        ingest_nats_costs(&c, &wl);
+    if (c.n_transports > 1)
+        summary(sum, c.n_transports);
     kvi_rcu_unregister_thread();
     workload_free(&wl, &c);
     return rc;
 }
-
