@@ -50,7 +50,7 @@ struct rank_state {
     uint32_t worker;        /* index in src->workers */
     bool has_last;
     bool has_pub;
-    uint64_t last_id;
+    _Atomic uint64_t last_id; /* (read by kvi_nats_foreach_worker without the thread's help) */
     uint64_t publisher_id;
     _Atomic uint64_t events;
     _Atomic uint64_t last_ns;
@@ -342,7 +342,7 @@ static void handle(struct source *s, const void *data, size_t len, bool redelive
                          " -> %" PRIu64 "): its blocks on that rank are dropped",
                          s->subject, ev.worker_id, ev.dp_rank, r->publisher_id, ev.publisher_id);
             kvi_ingest_reset_rank(&w->t, ev.dp_rank, s->prod);
-        } else if (ev.event_id <= r->last_id) {
+        } else if (ev.event_id <= atomic_load_explicit(&r->last_id, memory_order_relaxed)) {
             if (s->kind == KVI_NATS_CORE || redelivered) {
                 CTR_ADD(s, stale, 1);
                 return;
@@ -351,19 +351,21 @@ static void handle(struct source *s, const void *data, size_t len, bool redelive
             CTR_ADD(s, restarts, 1);
             kvi_log_warn("nats %s: worker %" PRIu64 " dp_rank %" PRIu32 " event_id went back from %" PRIu64
                          " to %" PRIu64 " (a restarted publisher): applied in stream order",
-                         s->subject, ev.worker_id, ev.dp_rank, r->last_id, ev.event_id);
-        } else if (ev.event_id != r->last_id + 1) {
-            uint64_t lost = ev.event_id - r->last_id - 1;
+                         s->subject, ev.worker_id, ev.dp_rank,
+                         atomic_load_explicit(&r->last_id, memory_order_relaxed), ev.event_id);
+        } else if (ev.event_id != atomic_load_explicit(&r->last_id, memory_order_relaxed) + 1) {
+            uint64_t last = atomic_load_explicit(&r->last_id, memory_order_relaxed);
+            uint64_t lost = ev.event_id - last - 1;
             CTR_ADD(s, gaps, 1);
             CTR_ADD(s, events_lost, lost);
             kvi_log_warn("nats %s: gap for worker %" PRIu64 " dp_rank %" PRIu32 ": event_id %" PRIu64
                          " after %" PRIu64 " (%" PRIu64 " events lost%s)",
-                         s->subject, ev.worker_id, ev.dp_rank, ev.event_id, r->last_id, lost,
+                         s->subject, ev.worker_id, ev.dp_rank, ev.event_id, last, lost,
                          s->kind == KVI_NATS_CORE ? "; Core NATS cannot repair a gap: use JetStream" : "");
         }
     }
     r->has_last = true;
-    r->last_id = ev.event_id;
+    atomic_store_explicit(&r->last_id, ev.event_id, memory_order_relaxed);
     if (ev.form == KVI_REVF_ENVELOPE) {
         r->has_pub = true;
         r->publisher_id = ev.publisher_id;
@@ -502,10 +504,14 @@ static natsSubscription *stream_setup(struct source *s, jsCtx *js, bool first, u
             jsStreamInfo_Destroy(si);
             return NULL;
         }
+        pthread_mutex_lock(&s->mu); /* (kvi_nats_source_info reads it under mu) */
         snprintf(s->subject, sizeof s->subject, "%s", si->Config->Subjects[0]);
+        pthread_mutex_unlock(&s->mu);
     }
     if (first) {
+        pthread_mutex_lock(&s->mu);
         s->start_last_seq = si->State.LastSeq;
+        pthread_mutex_unlock(&s->mu);
         if (si->State.LastSeq == 0 || si->State.Msgs == 0)
             atomic_store_explicit(&s->caught_up, true, memory_order_release);
     }
@@ -868,7 +874,7 @@ void kvi_nats_foreach_worker(struct kvi_nats *n, void (*fn)(void *ctx, const str
                 .worker_id = r->worker_id,
                 .dp_rank = r->dp_rank,
                 .events = atomic_load_explicit(&((struct rank_state *)r)->events, memory_order_relaxed),
-                .last_event_id = r->last_id,
+                .last_event_id = atomic_load_explicit(&((struct rank_state *)r)->last_id, memory_order_relaxed),
                 .age_ns = last != 0 && t > last ? t - last : 0,
             };
             fn(ctx, &v);
