@@ -13,7 +13,7 @@
 #include "engine/common.h"
 
 enum {
-    F_NATS, F_USER, F_PASSWORD, F_TOKEN, F_CREDS, F_TLS_CA, F_SOURCE, F_STREAM, F_DURABLE, F_FETCH,
+    F_NATS, F_USER, F_PASSWORD, F_TOKEN, F_CREDS, F_TLS_CA, F_SOURCE, F_STREAM, F_DURABLE, F_FETCH, F_REGISTRY,
 };
 
 static const struct {
@@ -22,7 +22,7 @@ static const struct {
     [F_NATS] = {"--nats"},           [F_USER] = {"--nats-user"},       [F_PASSWORD] = {"--nats-password"},
     [F_TOKEN] = {"--nats-token"},    [F_CREDS] = {"--nats-creds"},     [F_TLS_CA] = {"--nats-tls-ca"},
     [F_SOURCE] = {"--nats-source"},  [F_STREAM] = {"--nats-stream"},   [F_DURABLE] = {"--nats-durable"},
-    [F_FETCH] = {"--nats-fetch-batch"},
+    [F_FETCH] = {"--nats-fetch-batch"}, [F_REGISTRY] = {"--nats-registry"},
 };
 
 /* Which flag arg is (value after '=' in *v), or -1. */
@@ -122,6 +122,7 @@ static int apply(struct kvi_nats_args *a, int f, const char *v)
     case F_CREDS: c->creds_file = v; return 0;
     case F_TLS_CA: c->tls_ca = v; return 0;
     case F_DURABLE: c->durable = v; return 0;
+    case F_REGISTRY: a->registry = v; return 0;
     case F_FETCH: {
         char *end;
         errno = 0;
@@ -180,6 +181,16 @@ int kvi_nats_args(int *argc, char **argv, struct kvi_nats_args *out)
     }
     argv[keep] = NULL;
     *argc = keep;
+    for (const char *p = out->registry; p != NULL && *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+              *p == '_')) {
+            fprintf(stderr, "kvidxd: --nats-registry '%s': a bucket name is [A-Za-z0-9_-]+\n", out->registry);
+            return -EINVAL;
+        }
+    if (out->registry != NULL && *out->registry == '\0') {
+        fprintf(stderr, "kvidxd: --nats-registry needs a bucket name\n");
+        return -EINVAL;
+    }
     if (any && out->conn.servers == NULL) {
         fprintf(stderr, "kvidxd: NATS flags need --nats URL[,URL]\n");
         return -EINVAL;
@@ -216,6 +227,8 @@ void kvi_nats_args_usage(FILE *f)
             "                         filter subject) read whole by a durable pull consumer; repeatable\n"
             "  --nats-durable NAME    durable consumer name (default kvidx-<hostname>; no '.')\n"
             "  --nats-fetch-batch N   JetStream messages per fetch (default 256)\n"
+            "  --nats-registry BUCKET share registrations with every replica through a JetStream\n"
+            "                         Key-Value bucket (created if missing)\n"
             "  --nats-user U --nats-password P, --nats-token T, --nats-creds FILE,\n"
             "  --nats-tls-ca FILE     authentication and TLS, as libnats offers them\n");
 }

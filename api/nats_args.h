@@ -31,6 +31,7 @@ struct kvi_nats_args {
     struct kvi_nats_source_arg *sources;
     size_t n_sources;
     char *durable_default;       /* owned: the default durable name ("kvidx-<host>") */
+    const char *registry;        /* --nats-registry BUCKET: shared registrations (NULL: none) */
 };
 
 /**

@@ -342,6 +342,8 @@ void kvi_svc__maybe_open_gate(struct kvi_service *svc)
 {
     if (atomic_load(&svc->gate_open) || !svc->startup_registered || atomic_load(&svc->recovery_running))
         return;
+    if (svc->registry != NULL && !atomic_load(&svc->registry_loaded))
+        return; /* (api/service_registry.c opens it once the bucket's registrations are applied) */
     uint64_t min = svc->cfg.min_initial_workers;
     if (min > 0 && atomic_load(&svc->registered) < min)
         return;
@@ -372,6 +374,8 @@ void kvi_service_status(struct kvi_service *svc, struct kvi_status_view *out)
         reason = "waiting_for_min_initial_workers";
     else if (out->failed > 0)
         reason = "listeners_failed";
+    else if (atomic_load(&svc->registry_active) && !atomic_load(&svc->registry_loaded))
+        reason = "registry_loading"; /* --nats-registry: the bucket's registrations not applied yet */
     else if (out->pending > 0 || !atomic_load(&svc->gate_open))
         reason = "listeners_pending"; /* (the gate opens once startup has registered --workers) */
     struct kvi_nats *n = kvi_service_nats(svc);
@@ -439,6 +443,8 @@ int kvi_service_dump(struct kvi_service *svc, kvi_dump_sink_fn sink, kvi_dump_do
 static void svc_startup(struct kvi_service *svc, void *arg)
 {
     (void)arg;
+    /* the fleet's registrations first: the gate waits until the bucket's are applied */
+    kvi_svc__registry_open(svc, kvi_svc__nats_plane(svc));
     for (size_t i = 0; i < svc->cfg.n_workers && !kvi_service_stopping(svc); i++) {
         const struct kvi_worker_spec *ws = &svc->workers[i];
         struct kvi_api_err err;

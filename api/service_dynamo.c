@@ -223,8 +223,15 @@ int kvi_service_ctl_dyn_register(struct kvi_service *svc, const struct kvi_dyn_r
         return kvi_dyn_err_bad_name(err, "model_name", nul);
     if (has_nul(r->tenant_id))
         return kvi_dyn_err_bad_name(err, "tenant_id", nul);
-    return kvi_svc__dyn_register(svc, r->instance_id, r->model_name, r->tenant_id, r->block_size, r->dp_rank,
-                                 r->endpoint, r->replay_endpoint, r->has_replay, true, err);
+    int rc = kvi_svc__dyn_register(svc, r->instance_id, r->model_name, r->tenant_id, r->block_size, r->dp_rank,
+                                   r->endpoint, r->replay_endpoint, r->has_replay, true, err);
+    if (rc == 0 && kvi_svc__registry_on(svc) && kvi_svc__registry_put_dyn(svc, r) != 0) {
+        /* not shared with the fleet: undone here too, so every replica agrees (api/service_registry.c) */
+        kvi_svc__dyn_drop_rank(svc, r->instance_id, r->dp_rank);
+        return kvi_dyn_err_nats(err, 503, "the registration could not be stored in the --nats-registry bucket "
+                                          "(NATS unreachable?); nothing was registered");
+    }
+    return rc;
 }
 
 static void dyn_unregister_rank(struct kvi_service *svc, struct svc_worker *w, uint32_t rank)
@@ -269,16 +276,45 @@ int kvi_service_ctl_dyn_unregister(struct kvi_service *svc, const struct kvi_dyn
     }
     if (!kvi_str_eq(r->model_name, w->ns->model) || (r->has_tenant && !kvi_str_eq(r->tenant_id, w->ns->tenant)))
         return kvi_dyn_err_instance_other_ns(err, r->instance_id, zstr(w->ns->model), zstr(w->ns->tenant));
-    if (r->has_tenant && r->has_dp_rank) {
-        if (rank_find(w, r->dp_rank) == NULL)
-            return kvi_dyn_err_rank_not_found(err, r->instance_id, r->dp_rank);
-        if (w->n_ranks > 1) {
-            dyn_unregister_rank(svc, w, r->dp_rank);
-            return 0;
-        }
+    bool one = r->has_tenant && r->has_dp_rank;
+    if (one && rank_find(w, r->dp_rank) == NULL)
+        return kvi_dyn_err_rank_not_found(err, r->instance_id, r->dp_rank);
+    if (kvi_svc__registry_on(svc)) {
+        /* the fleet's keys go first: a failure changes nothing anywhere (api/service_registry.c) */
+        struct kvi_str m = {w->ns->model, strlen(w->ns->model)}, t = {w->ns->tenant, strlen(w->ns->tenant)};
+        for (size_t i = 0; i < w->n_ranks; i++)
+            if ((!one || w->ranks[i].dp_rank == r->dp_rank) &&
+                kvi_svc__registry_del_dyn(svc, m, t, w->id, w->ranks[i].dp_rank) != 0)
+                return kvi_dyn_err_nats(err, 503, "the unregistration could not be stored in the --nats-registry "
+                                                  "bucket (NATS unreachable?)");
+    }
+    if (one && w->n_ranks > 1) {
+        dyn_unregister_rank(svc, w, r->dp_rank);
+        return 0;
     }
     dyn_unregister_all(svc, w);
     return 0;
+}
+
+const char *kvi_svc__dyn_held(struct kvi_service *svc, uint64_t id, struct kvi_str model, struct kvi_str tenant,
+                              uint32_t rank)
+{
+    struct svc_worker *w = worker_find(svc, id);
+    if (w == NULL || !kvi_str_eq(model, w->ns->model) || !kvi_str_eq(tenant, w->ns->tenant))
+        return NULL;
+    struct svc_rank *rk = rank_find(w, rank);
+    return rk != NULL ? rk->endpoint : NULL;
+}
+
+void kvi_svc__dyn_drop_rank(struct kvi_service *svc, uint64_t id, uint32_t rank)
+{
+    struct svc_worker *w = worker_find(svc, id);
+    if (w == NULL || rank_find(w, rank) == NULL)
+        return;
+    if (w->n_ranks > 1)
+        dyn_unregister_rank(svc, w, rank);
+    else
+        dyn_unregister_all(svc, w);
 }
 
 int kvi_service_ctl_listener(struct kvi_service *svc, const struct kvi_dyn_listener_ctl *r, bool pause,

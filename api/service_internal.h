@@ -150,6 +150,12 @@ struct kvi_service {
     struct kvi_nats *_Atomic nats;
     struct kvi_ns **nats_ns;
     size_t n_nats_ns;
+    /* --nats-registry (api/service_registry.c): the bucket, and whether its current values are
+     * applied (the gate waits for it) */
+    struct kvi_nats_kv *registry;  /* control thread (and destroy) */
+    _Atomic bool registry_active;  /* the bucket is watched: /ready waits for registry_loaded */
+    _Atomic bool registry_loaded;
+    bool nats_failed; /* control thread: the plane could not be created (logged once) */
 
     /* readiness (api/service.c) */
     _Atomic bool recovery_running;
@@ -294,7 +300,31 @@ void kvi_svc__dyn_roster_update(struct kvi_service *svc, struct kvi_ns *ns);
  * (outside a read section), or destroy with no reader left. */
 void kvi_svc__reclaim(struct kvi_service *svc);
 
+/* ---- fleet registry (api/service_registry.c) ------------------------------------------------ */
+
+/** Is --nats-registry on (the bucket watched)? */
+bool kvi_svc__registry_on(const struct kvi_service *svc);
+/** Watch the registry bucket on plane @p n (no-op without --nats-registry). Control thread, at startup. */
+void kvi_svc__registry_open(struct kvi_service *svc, struct kvi_nats *n);
+/** Stop watching (before the plane goes). Main, at destroy. */
+void kvi_svc__registry_close(struct kvi_service *svc);
+/** Store a Dynamo registration as accepted. Control thread. @return 0 or a negative errno (logged). */
+int kvi_svc__registry_put_dyn(struct kvi_service *svc, const struct kvi_dyn_register *r);
+/** Delete one (model, tenant, instance, rank)'s key. Control thread. @return 0 or a negative errno. */
+int kvi_svc__registry_del_dyn(struct kvi_service *svc, struct kvi_str model, struct kvi_str tenant, uint64_t id,
+                              uint32_t rank);
+/** The endpoint this replica holds for (instance, rank) in (model, tenant), or NULL. Control thread. */
+const char *kvi_svc__dyn_held(struct kvi_service *svc, uint64_t id, struct kvi_str model, struct kvi_str tenant,
+                              uint32_t rank);
+/** Drop one rank of a Dynamo instance here (the whole instance when it is the last), without touching the
+ * registry. Control thread. */
+void kvi_svc__dyn_drop_rank(struct kvi_service *svc, uint64_t id, uint32_t rank);
+
 /* ---- NATS sources (api/service_nats.c) ----------------------------------------------------- */
+
+/** The plane, created at the first call when --nats is set (NULL otherwise, or when it cannot start).
+ * Control thread. */
+struct kvi_nats *kvi_svc__nats_plane(struct kvi_service *svc);
 
 /** Start the NATS plane and its sources (--nats); no-op without. Control thread, at startup. */
 void kvi_svc__nats_start(struct kvi_service *svc);

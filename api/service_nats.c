@@ -56,22 +56,33 @@ static int source_add(struct kvi_service *svc, struct kvi_nats *n, const struct 
     return rc;
 }
 
-void kvi_svc__nats_start(struct kvi_service *svc)
+struct kvi_nats *kvi_svc__nats_plane(struct kvi_service *svc)
 {
+    struct kvi_nats *n = atomic_load_explicit(&svc->nats, memory_order_relaxed);
     const struct kvi_nats_args *a = svc->cfg.nats;
-    if (a == NULL || a->conn.servers == NULL)
-        return;
+    if (n != NULL || svc->nats_failed || a == NULL || a->conn.servers == NULL)
+        return n;
     struct kvi_nats_config c = a->conn;
     c.writers = svc->writers;
     c.name = "kvidx";
-    struct kvi_nats *n = kvi_nats_create(&c);
+    n = kvi_nats_create(&c);
     if (n == NULL) {
-        kvi_log_error("nats: cannot start the NATS plane (%s): no NATS source runs", strerror(errno));
-        return;
+        kvi_log_error("nats: cannot start the NATS plane (%s): no NATS source or registry runs", strerror(errno));
+        svc->nats_failed = true;
+        return NULL;
     }
+    atomic_store_explicit(&svc->nats, n, memory_order_release); /* N1: pairs with kvi_service_nats */
+    return n;
+}
+
+void kvi_svc__nats_start(struct kvi_service *svc)
+{
+    const struct kvi_nats_args *a = svc->cfg.nats;
+    struct kvi_nats *n = kvi_svc__nats_plane(svc);
+    if (n == NULL)
+        return;
     for (size_t i = 0; i < a->n_sources; i++)
         (void)source_add(svc, n, &a->sources[i]);
-    atomic_store_explicit(&svc->nats, n, memory_order_release); /* N1: pairs with kvi_service_nats */
 }
 
 int kvi_service_ctl_nats_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r,
@@ -111,6 +122,7 @@ int kvi_service_ctl_nats_source(struct kvi_service *svc, const struct kvi_dyn_na
 
 void kvi_svc__nats_stop(struct kvi_service *svc)
 {
+    kvi_svc__registry_close(svc); /* it watches through the plane's connection */
     struct kvi_nats *n = atomic_exchange(&svc->nats, NULL);
     kvi_nats_destroy(n);
     free(svc->nats_ns); /* (the namespaces go with the registry) */

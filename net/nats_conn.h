@@ -36,6 +36,9 @@ int kvi_nats_conn_open(struct kvi_nats_conn *c, const struct kvi_nats_config *cf
 /** Close and free the connection (NULL connection: no-op). */
 void kvi_nats_conn_close(struct kvi_nats_conn *c);
 
+/** The plane's libnats connection (net/nats_source.c), for the other net/nats_*.c files. */
+natsConnection *kvi_nats__connection(struct kvi_nats *n);
+
 /** Connection state into @p out. Any thread. */
 void kvi_nats_conn_read(struct kvi_nats_conn *c, struct kvi_nats_conn_info *out);
 

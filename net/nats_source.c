@@ -835,6 +835,8 @@ int kvi_nats_source_info(struct kvi_nats *n, size_t i, struct kvi_nats_source_in
 
 void kvi_nats_conn_info(struct kvi_nats *n, struct kvi_nats_conn_info *out) { kvi_nats_conn_read(&n->conn, out); }
 
+natsConnection *kvi_nats__connection(struct kvi_nats *n) { return n->conn.nc; }
+
 bool kvi_nats_ready(struct kvi_nats *n, uint64_t *pending)
 {
     bool ready = true;

@@ -1,0 +1,248 @@
+/*
+ * Registrations shared by a fleet (--nats-registry BUCKET, issue 21 §1):
+ * every Dynamo /register and /unregister a replica accepts is written to a
+ * JetStream Key-Value bucket (net/nats_kv.h), and every replica applies
+ * what the bucket holds, so a registration made through any replica opens
+ * listeners on all of them.
+ *
+ * KEYS AND VALUES
+ *   One key per (model, tenant, instance, rank):
+ *   `dyn.<hex model>.<hex tenant>.<instance_id>.<dp_rank>` (names in lower
+ *   case hex: a KV key allows [-/_=.A-Za-z0-9] only). The value is the
+ *   registration as it was accepted, as JSON: instance_id, endpoint,
+ *   model_name, tenant_id, block_size, dp_rank, and replay_endpoint when
+ *   given.
+ *
+ * ORDER OF THINGS
+ *   /register: validated and applied here first (the same 400 / 409 / 503
+ *   rules as without a registry), then stored in the bucket; a store that
+ *   fails undoes the local registration and answers 503. /unregister: the
+ *   keys are deleted first (a failure answers 503 and changes nothing),
+ *   then the registration goes here. Every change the bucket reports
+ *   (the current values at start-up first) is applied on the control
+ *   thread: a value this replica holds already is left as it is (so its own
+ *   writes come back as no-ops), another endpoint for a held rank replaces
+ *   it, a delete drops the rank. The listeners' gate opens only once the
+ *   bucket's current values are applied, and /ready says
+ *   `registry_loading` until then.
+ *
+ * THREADS: the bucket's watcher posts each change to the control thread;
+ * everything else here runs on the control thread.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/nats_args.h"
+#include "api/service_internal.h"
+#include "net/log.h"
+#include "net/nats_kv.h"
+
+#define KEY_MAX 1024
+
+/* `dyn.<hex model>.<hex tenant>.<id>.<rank>` into out (KEY_MAX). @return false when too long. */
+static bool dyn_key(char *out, struct kvi_str model, struct kvi_str tenant, uint64_t id, uint32_t rank)
+{
+    static const char hx[] = "0123456789abcdef";
+    if (4 + 2 * model.len + 1 + 2 * tenant.len + 48 > KEY_MAX)
+        return false;
+    size_t k = 0;
+    memcpy(out, "dyn.", 4);
+    k = 4;
+    for (size_t i = 0; i < model.len; i++) {
+        out[k++] = hx[(uint8_t)model.p[i] >> 4];
+        out[k++] = hx[(uint8_t)model.p[i] & 15];
+    }
+    out[k++] = '.';
+    for (size_t i = 0; i < tenant.len; i++) {
+        out[k++] = hx[(uint8_t)tenant.p[i] >> 4];
+        out[k++] = hx[(uint8_t)tenant.p[i] & 15];
+    }
+    snprintf(out + k, KEY_MAX - k, ".%" PRIu64 ".%" PRIu32, id, rank);
+    return true;
+}
+
+bool kvi_svc__registry_on(const struct kvi_service *svc) { return svc->registry != NULL; /* control thread */ }
+
+int kvi_svc__registry_put_dyn(struct kvi_service *svc, const struct kvi_dyn_register *r)
+{
+    char key[KEY_MAX];
+    if (!dyn_key(key, r->model_name, r->tenant_id, r->instance_id, r->dp_rank))
+        return -EINVAL;
+    struct kvi_buf b;
+    kvi_buf_init(&b);
+    struct kvi_wr w;
+    kvi_wr_init(&w, &b, KVI_ENC_JSON);
+    kvi_wr_obj(&w, r->has_replay ? 7 : 6);
+    kvi_wr_keyz(&w, "instance_id");
+    kvi_wr_u64(&w, r->instance_id);
+    kvi_wr_keyz(&w, "endpoint");
+    kvi_wr_str(&w, r->endpoint.p, r->endpoint.len);
+    kvi_wr_keyz(&w, "model_name");
+    kvi_wr_str(&w, r->model_name.p, r->model_name.len);
+    kvi_wr_keyz(&w, "tenant_id");
+    kvi_wr_str(&w, r->tenant_id.p, r->tenant_id.len);
+    kvi_wr_keyz(&w, "block_size");
+    kvi_wr_u64(&w, r->block_size);
+    kvi_wr_keyz(&w, "dp_rank");
+    kvi_wr_u64(&w, r->dp_rank);
+    if (r->has_replay) {
+        kvi_wr_keyz(&w, "replay_endpoint");
+        kvi_wr_str(&w, r->replay_endpoint.p, r->replay_endpoint.len);
+    }
+    kvi_wr_end(&w);
+    int rc = kvi_buf_ok(&b) ? kvi_nats_kv_put(svc->registry, key, b.data, b.len) : -ENOMEM;
+    kvi_buf_free(&b);
+    return rc;
+}
+
+int kvi_svc__registry_del_dyn(struct kvi_service *svc, struct kvi_str model, struct kvi_str tenant, uint64_t id,
+                              uint32_t rank)
+{
+    char key[KEY_MAX];
+    if (!dyn_key(key, model, tenant, id, rank))
+        return -EINVAL;
+    return kvi_nats_kv_delete(svc->registry, key);
+}
+
+/* ---- changes from the bucket (control thread) ---------------------------------------------------- */
+
+/* One change, key and value in one block (a post the control thread never
+ * runs, at shutdown, is freed whole by kvi_service_destroy). */
+struct reg_change {
+    enum kvi_kv_op op;
+    size_t len;   /* value bytes */
+    char *value;  /* into data, after the key */
+    char key[];   /* NUL-terminated, then the value, NUL-terminated */
+};
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* Decode `dyn.<hex>.<hex>.<id>.<rank>`: the names into m and t (NUL-terminated). */
+static bool parse_key(const char *key, char *m, char *t, uint64_t *id, uint32_t *rank)
+{
+    if (strncmp(key, "dyn.", 4) != 0)
+        return false;
+    const char *p = key + 4;
+    char *outs[2] = {m, t};
+    for (int f = 0; f < 2; f++) {
+        size_t k = 0;
+        while (*p != '.') {
+            int hi = hexval(p[0]), lo = hi < 0 ? -1 : hexval(p[1]);
+            if (lo < 0 || k + 1 >= KEY_MAX / 2)
+                return false;
+            outs[f][k++] = (char)(hi << 4 | lo);
+            p += 2;
+        }
+        outs[f][k] = '\0';
+        p++;
+    }
+    char *end;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (*end != '.')
+        return false;
+    unsigned long r = strtoul(end + 1, &end, 10);
+    if (*end != '\0' || r > UINT32_MAX)
+        return false;
+    *id = v;
+    *rank = (uint32_t)r;
+    return true;
+}
+
+static void apply_change(struct kvi_service *svc, void *arg)
+{
+    struct reg_change *c = arg;
+    char m[KEY_MAX / 2], t[KEY_MAX / 2];
+    uint64_t id;
+    uint32_t rank;
+    if (!parse_key(c->key, m, t, &id, &rank)) {
+        kvi_log_warn("nats registry: key %s is not a kvidx registration: ignored", c->key);
+        goto out;
+    }
+    struct kvi_str ms = {m, strlen(m)}, ts = {t, strlen(t)};
+    const char *held = kvi_svc__dyn_held(svc, id, ms, ts, rank);
+    if (c->op == KVI_KV_DELETE) {
+        if (held != NULL) {
+            kvi_svc__dyn_drop_rank(svc, id, rank);
+            kvi_log_info("nats registry: instance %" PRIu64 " dp_rank %" PRIu32 " of %s:%s unregistered elsewhere",
+                         id, rank, m, t);
+        }
+        goto out;
+    }
+    struct kvi_scratch s;
+    kvi_scratch_init(&s);
+    struct kvi_dyn_register r;
+    struct kvi_api_err err;
+    if (kvi_dyn_parse_register(c->value, c->len, KVI_CT_JSON, &s, &r, &err) != 0 || r.instance_id != id ||
+        r.dp_rank != rank || !kvi_str_eq(r.model_name, m) || !kvi_str_eq(r.tenant_id, t)) {
+        kvi_log_warn("nats registry: value of %s is not the registration its key names: ignored", c->key);
+    } else if (held == NULL || !kvi_str_eq(r.endpoint, held)) {
+        if (held != NULL)
+            kvi_svc__dyn_drop_rank(svc, id, rank); /* re-registered elsewhere with another endpoint */
+        if (kvi_svc__dyn_register(svc, id, r.model_name, r.tenant_id, r.block_size, r.dp_rank, r.endpoint,
+                                  r.replay_endpoint, r.has_replay, false, &err) != 0)
+            kvi_log_warn("nats registry: instance %" PRIu64 " dp_rank %" PRIu32 " of %s:%s not applied here: %s", id,
+                         rank, m, t, err.msg);
+    }
+    kvi_scratch_free(&s);
+out:
+    free(c);
+}
+
+/* Watcher thread: hand the change to the control thread. */
+static void on_change(void *ctx, enum kvi_kv_op op, const char *key, const void *value, size_t len, uint64_t rev)
+{
+    (void)rev;
+    struct kvi_service *svc = ctx;
+    size_t kl = strlen(key);
+    struct reg_change *c = kvi_xmalloc(sizeof *c + kl + 1 + len + 1);
+    c->op = op;
+    c->len = len;
+    memcpy(c->key, key, kl + 1);
+    c->value = c->key + kl + 1;
+    if (len > 0)
+        memcpy(c->value, value, len);
+    c->value[len] = '\0';
+    if (kvi_service_post(svc, apply_change, c) != 0) /* shutting down */
+        free(c);
+}
+
+static void loaded_ctl(struct kvi_service *svc, void *arg)
+{
+    (void)arg;
+    if (!atomic_load(&svc->registry_loaded))
+        kvi_log_info("nats registry: %s applied; the gate may open", svc->cfg.nats->registry);
+    atomic_store(&svc->registry_loaded, true);
+    kvi_svc__maybe_open_gate(svc);
+}
+
+/* Watcher thread: the current values are posted; applied in order before this. */
+static void on_loaded(void *ctx)
+{
+    struct kvi_service *svc = ctx;
+    if (kvi_service_post(svc, loaded_ctl, NULL) != 0)
+        return;
+}
+
+void kvi_svc__registry_open(struct kvi_service *svc, struct kvi_nats *n)
+{
+    const struct kvi_nats_args *a = svc->cfg.nats;
+    if (a == NULL || a->registry == NULL || n == NULL)
+        return;
+    svc->registry = kvi_nats_kv_open(n, a->registry, on_change, on_loaded, svc);
+    if (svc->registry == NULL)
+        kvi_log_error("nats registry: cannot watch bucket %s: %s", a->registry, strerror(errno));
+    else
+        atomic_store(&svc->registry_active, true);
+}
+
+void kvi_svc__registry_close(struct kvi_service *svc)
+{
+    kvi_nats_kv_close(svc->registry);
+    svc->registry = NULL;
+}
