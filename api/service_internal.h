@@ -316,6 +316,13 @@ int kvi_svc__registry_del_dyn(struct kvi_service *svc, struct kvi_str model, str
 /** The endpoint this replica holds for (instance, rank) in (model, tenant), or NULL. Control thread. */
 const char *kvi_svc__dyn_held(struct kvi_service *svc, uint64_t id, struct kvi_str model, struct kvi_str tenant,
                               uint32_t rank);
+/** Store a NATS source added through POST /nats/sources. Control thread. @return 0 or a negative errno. */
+int kvi_svc__registry_put_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r);
+/** Add a NATS source (POST /nats/sources, or @p from_registry: one another replica stored, not written
+ * back); a source the plane runs already is accepted. Control thread. @return 0 or a negative errno with
+ * @p err filled. */
+int kvi_svc__nats_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r, bool from_registry,
+                         struct kvi_api_err *err);
 /** Drop one rank of a Dynamo instance here (the whole instance when it is the last), without touching the
  * registry. Control thread. */
 void kvi_svc__dyn_drop_rank(struct kvi_service *svc, uint64_t id, uint32_t rank);

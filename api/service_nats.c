@@ -85,8 +85,28 @@ void kvi_svc__nats_start(struct kvi_service *svc)
         (void)source_add(svc, n, &a->sources[i]);
 }
 
-int kvi_service_ctl_nats_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r,
-                                struct kvi_api_err *err)
+/* Does the plane run this source already (kind, subject or stream, namespace)? */
+static bool source_known(struct kvi_nats *n, const struct kvi_nats_source_arg *a)
+{
+    char label[2 * KVI_NATS_NAME_MAX + 2];
+    snprintf(label, sizeof label, "%s:%s", a->model, a->tenant);
+    struct kvi_nats_source_info *si = kvi_xmalloc(sizeof *si);
+    bool found = false;
+    for (size_t i = 0; i < kvi_nats_n_sources(n) && !found; i++)
+        found = kvi_nats_source_info(n, i, si) == 0 && si->kind == a->kind && strcmp(si->label, label) == 0 &&
+                (a->kind == KVI_NATS_CORE ? strcmp(si->subject, a->subject) == 0
+                                          : strcmp(si->stream, a->stream) == 0);
+    free(si);
+    return found;
+}
+
+/*
+ * POST /nats/sources, or a source another replica stored in the registry
+ * (`from_registry`: not written back). A source the plane runs already is
+ * accepted as it is. Control thread.
+ */
+int kvi_svc__nats_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r, bool from_registry,
+                         struct kvi_api_err *err)
 {
     struct kvi_nats *n = kvi_service_nats(svc);
     if (n == NULL)
@@ -104,6 +124,11 @@ int kvi_service_ctl_nats_source(struct kvi_service *svc, const struct kvi_dyn_na
     if (memchr(r->model_name.p, '\0', r->model_name.len) || memchr(r->tenant_id.p, '\0', r->tenant_id.len) ||
         (subject && strlen(subject) != r->subject.len) || (stream && strlen(stream) != r->stream.len))
         rc = kvi_dyn_err_nats(err, 400, "a NUL character in a name");
+    else if (source_known(n, &a))
+        rc = 0;
+    else if (!from_registry && kvi_svc__registry_on(svc) && kvi_svc__registry_put_source(svc, r) != 0)
+        rc = kvi_dyn_err_nats(err, 503, "the source could not be stored in the --nats-registry bucket (NATS "
+                                        "unreachable?); it was not added");
     else if ((rc = source_add(svc, n, &a)) < 0)
         rc = rc == -ENOSPC ? kvi_err_too_many_models(err, svc->cfg.max_models ? svc->cfg.max_models
                                                                                 : KVI_SVC_DEFAULT_MAX_MODELS)
@@ -118,6 +143,12 @@ int kvi_service_ctl_nats_source(struct kvi_service *svc, const struct kvi_dyn_na
     free(model);
     free(tenant);
     return rc;
+}
+
+int kvi_service_ctl_nats_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r,
+                                struct kvi_api_err *err)
+{
+    return kvi_svc__nats_source(svc, r, false, err);
 }
 
 void kvi_svc__nats_stop(struct kvi_service *svc)

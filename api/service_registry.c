@@ -6,7 +6,11 @@
  * listeners on all of them.
  *
  * KEYS AND VALUES
- *   One key per (model, tenant, instance, rank):
+ *   NATS sources added through POST /nats/sources:
+ *   `nats.<c|s>.<hex subject or stream>.<hex filter subject, or ->.<hex model>.<hex tenant>`, the
+ *   value the request's fields as JSON; stored before the source starts here, run by every replica
+ *   that does not run it yet (sources are never removed).
+ *   One key per Dynamo registration (model, tenant, instance, rank):
  *   `dyn.<hex model>.<hex tenant>.<instance_id>.<dp_rank>` (names in lower
  *   case hex: a KV key allows [-/_=.A-Za-z0-9] only). The value is the
  *   registration as it was accepted, as JSON: instance_id, endpoint,
@@ -107,6 +111,78 @@ int kvi_svc__registry_del_dyn(struct kvi_service *svc, struct kvi_str model, str
     return kvi_nats_kv_delete(svc->registry, key);
 }
 
+/* Lower-case hex of s into out. @return the end of what was written. */
+static char *hex_put(char *out, struct kvi_str s)
+{
+    static const char hx[] = "0123456789abcdef";
+    for (size_t i = 0; i < s.len; i++) {
+        *out++ = hx[(uint8_t)s.p[i] >> 4];
+        *out++ = hx[(uint8_t)s.p[i] & 15];
+    }
+    return out;
+}
+
+int kvi_svc__registry_put_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r)
+{
+    bool core = r->stream.len == 0;
+    struct kvi_str name = core ? r->subject : r->stream;
+    if (5 + 2 * (name.len + r->subject.len + r->model_name.len + r->tenant_id.len) + 8 > KEY_MAX)
+        return -EINVAL;
+    char key[KEY_MAX];
+    char *k = key;
+    memcpy(k, core ? "nats.c." : "nats.s.", 7);
+    k = hex_put(k + 7, name);
+    *k++ = '.';
+    if (!core && r->subject.len > 0)
+        k = hex_put(k, r->subject);
+    else
+        *k++ = '-'; /* no filter subject (a key's tokens may not be empty) */
+    *k++ = '.';
+    k = hex_put(k, r->model_name);
+    *k++ = '.';
+    k = hex_put(k, r->tenant_id);
+    *k = '\0';
+    if (key[k - key - 1] == '.') /* (an empty tenant cannot end a key) */
+        return -EINVAL;
+    struct kvi_buf b;
+    kvi_buf_init(&b);
+    struct kvi_wr w;
+    kvi_wr_init(&w, &b, KVI_ENC_JSON);
+    kvi_wr_obj(&w, (core ? 1 : 1 + (r->subject.len > 0)) + 3);
+    if (core || r->subject.len > 0) {
+        kvi_wr_keyz(&w, "subject");
+        kvi_wr_str(&w, r->subject.p, r->subject.len);
+    }
+    if (!core) {
+        kvi_wr_keyz(&w, "stream");
+        kvi_wr_str(&w, r->stream.p, r->stream.len);
+    }
+    kvi_wr_keyz(&w, "model_name");
+    kvi_wr_str(&w, r->model_name.p, r->model_name.len);
+    kvi_wr_keyz(&w, "tenant_id");
+    kvi_wr_str(&w, r->tenant_id.p, r->tenant_id.len);
+    kvi_wr_keyz(&w, "block_size");
+    kvi_wr_u64(&w, r->block_size);
+    kvi_wr_end(&w);
+    int rc = kvi_buf_ok(&b) ? kvi_nats_kv_put(svc->registry, key, b.data, b.len) : -ENOMEM;
+    kvi_buf_free(&b);
+    return rc;
+}
+
+/* A NATS source another replica stored: run it here too (sources are not removed). */
+static void apply_source(struct kvi_service *svc, const char *key, const char *value, size_t len)
+{
+    struct kvi_scratch s;
+    kvi_scratch_init(&s);
+    struct kvi_dyn_nats_source r;
+    struct kvi_api_err err;
+    if (kvi_dyn_parse_nats_source(value, len, KVI_CT_JSON, &s, &r, &err) != 0)
+        kvi_log_warn("nats registry: value of %s is not a NATS source: ignored", key);
+    else if (kvi_svc__nats_source(svc, &r, true, &err) != 0)
+        kvi_log_warn("nats registry: NATS source %s not added here: %s", key, err.msg);
+    kvi_scratch_free(&s);
+}
+
 /* ---- changes from the bucket (control thread) ---------------------------------------------------- */
 
 /* One change, key and value in one block (a post the control thread never
@@ -160,6 +236,11 @@ static void apply_change(struct kvi_service *svc, void *arg)
     char m[KEY_MAX / 2], t[KEY_MAX / 2];
     uint64_t id;
     uint32_t rank;
+    if (strncmp(c->key, "nats.", 5) == 0) {
+        if (c->op == KVI_KV_PUT)
+            apply_source(svc, c->key, c->value, c->len);
+        goto out;
+    }
     if (!parse_key(c->key, m, t, &id, &rank)) {
         kvi_log_warn("nats registry: key %s is not a kvidx registration: ignored", c->key);
         goto out;

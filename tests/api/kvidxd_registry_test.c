@@ -73,11 +73,23 @@ static void test_shared_registrations(void **state)
     kfx_expect(&b, "/register", "{\"instance_id\":43,\"endpoint\":\"udp://x\",\"model_name\":\"m\",\"block_size\":4}", 400,
                NULL);
 
+    /* a NATS source added through A runs on B too (and on C below) */
+    kfx_expect(&a, "/nats/sources", "{\"subject\":\"fleet.kv-events\",\"model_name\":\"m2\",\"block_size\":4}", 201,
+               NULL);
+    if (!KFX_WAIT(kfx_log_has(&b, "nats: core source", "fleet.kv-events", 100), KFX_WAIT_MS)) {
+        kfx_dump_log(&b);
+        fail_msg("the NATS source added through A never started on B");
+    }
+    /* the same source again is accepted as it is (no second subscription) */
+    kfx_expect(&b, "/nats/sources", "{\"subject\":\"fleet.kv-events\",\"model_name\":\"m2\",\"block_size\":4}", 201,
+               NULL);
+
     /* a replica started now loads the bucket before it is ready */
     start_replica(&c, &ns);
     assert_true(workers_has(&c, "\"instance_id\":41,\"model_name\":\"m\""));
     assert_false(workers_has(&c, "\"instance_id\":42"));
     assert_false(workers_has(&c, "\"instance_id\":43"));
+    assert_true(kfx_log_has(&c, "nats: core source", "fleet.kv-events", KFX_WAIT_MS));
 
     /* an unregistration through B reaches A and C */
     kfx_expect(&b, "/unregister", "{\"instance_id\":41,\"model_name\":\"m\"}", 200, NULL);
