@@ -225,9 +225,12 @@ int kvi_service_ctl_dyn_register(struct kvi_service *svc, const struct kvi_dyn_r
         return kvi_dyn_err_bad_name(err, "tenant_id", nul);
     int rc = kvi_svc__dyn_register(svc, r->instance_id, r->model_name, r->tenant_id, r->block_size, r->dp_rank,
                                    r->endpoint, r->replay_endpoint, r->has_replay, true, err);
-    if (rc == 0 && kvi_svc__registry_on(svc) && kvi_svc__registry_put_dyn(svc, r) != 0) {
+    int prc = rc == 0 && kvi_svc__registry_on(svc) ? kvi_svc__registry_put_dyn(svc, r) : 0;
+    if (prc != 0) {
         /* not shared with the fleet: undone here too, so every replica agrees (api/service_registry.c) */
         kvi_svc__dyn_drop_rank(svc, r->instance_id, r->dp_rank);
+        if (prc == -EEXIST) /* registered through another replica meanwhile */
+            return kvi_dyn_err_rank_taken(err, r->instance_id, r->dp_rank);
         return kvi_dyn_err_nats(err, 503, "the registration could not be stored in the --nats-registry bucket "
                                           "(NATS unreachable?); nothing was registered");
     }

@@ -308,7 +308,8 @@ bool kvi_svc__registry_on(const struct kvi_service *svc);
 void kvi_svc__registry_open(struct kvi_service *svc, struct kvi_nats *n);
 /** Stop watching (before the plane goes). Main, at destroy. */
 void kvi_svc__registry_close(struct kvi_service *svc);
-/** Store a Dynamo registration as accepted. Control thread. @return 0 or a negative errno (logged). */
+/** Store a Dynamo registration as accepted, if its key holds no value. Control thread.
+ * @return 0, -EEXIST (the rank is registered through another replica), or a negative errno (logged). */
 int kvi_svc__registry_put_dyn(struct kvi_service *svc, const struct kvi_dyn_register *r);
 /** Delete one (model, tenant, instance, rank)'s key. Control thread. @return 0 or a negative errno. */
 int kvi_svc__registry_del_dyn(struct kvi_service *svc, struct kvi_str model, struct kvi_str tenant, uint64_t id,

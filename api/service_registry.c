@@ -19,8 +19,11 @@
  *
  * ORDER OF THINGS
  *   /register: validated and applied here first (the same 400 / 409 / 503
- *   rules as without a registry), then stored in the bucket; a store that
- *   fails undoes the local registration and answers 503. /unregister: the
+ *   rules as without a registry), then created in the bucket only if its key
+ *   holds no value (the bucket's revision check), so of two replicas racing
+ *   to register one rank, one wins and the other undoes its local
+ *   registration and answers 409 as for a rank taken; a store that fails
+ *   otherwise undoes it and answers 503. /unregister: the
  *   keys are deleted first (a failure answers 503 and changes nothing),
  *   then the registration goes here. Every change the bucket reports
  *   (the current values at start-up first) is applied on the control
@@ -97,7 +100,7 @@ int kvi_svc__registry_put_dyn(struct kvi_service *svc, const struct kvi_dyn_regi
         kvi_wr_str(&w, r->replay_endpoint.p, r->replay_endpoint.len);
     }
     kvi_wr_end(&w);
-    int rc = kvi_buf_ok(&b) ? kvi_nats_kv_put(svc->registry, key, b.data, b.len) : -ENOMEM;
+    int rc = kvi_buf_ok(&b) ? kvi_nats_kv_create(svc->registry, key, b.data, b.len) : -ENOMEM;
     kvi_buf_free(&b);
     return rc;
 }

@@ -200,23 +200,36 @@ bool kvi_nats_kv_loaded(const struct kvi_nats_kv *k)
     return atomic_load_explicit(&((struct kvi_nats_kv *)k)->loaded, memory_order_acquire); /* K1 */
 }
 
-static int write_key(struct kvi_nats_kv *k, const char *key, const void *value, size_t len, bool del)
+enum wop { W_PUT, W_CREATE, W_DELETE };
+
+static int write_key(struct kvi_nats_kv *k, const char *key, const void *value, size_t len, enum wop op)
 {
+    static const char *const names[] = {"put", "create", "delete"};
     if (!kvi_nats_kv_key_ok(key) || len > INT32_MAX)
         return -EINVAL;
     pthread_mutex_lock(&k->mu);
     natsStatus s = NATS_OK;
     int rc = 0;
-    if (k->kv == NULL)
+    if (k->kv == NULL) {
         rc = -EAGAIN;
-    else if (del)
+    } else if (op == W_DELETE) {
         s = kvStore_Delete(k->kv, key);
-    else
+    } else if (op == W_PUT) {
         s = kvStore_Put(NULL, k->kv, key, value, (int)len);
+    } else {
+        s = kvStore_Create(NULL, k->kv, key, value, (int)len);
+        if (s != NATS_OK) { /* taken, or the server did not answer: a live value says which */
+            kvEntry *e = NULL;
+            if (kvStore_Get(&e, k->kv, key) == NATS_OK) {
+                rc = -EEXIST;
+                s = NATS_OK;
+            }
+            kvEntry_Destroy(e);
+        }
+    }
     pthread_mutex_unlock(&k->mu);
     if (rc == 0 && s != NATS_OK) {
-        kvi_log_warn("nats registry: %s of %s in %s failed: %s", del ? "delete" : "put", key, k->bucket,
-                     natsStatus_GetText(s));
+        kvi_log_warn("nats registry: %s of %s in %s failed: %s", names[op], key, k->bucket, natsStatus_GetText(s));
         rc = -EIO;
     }
     return rc;
@@ -224,7 +237,12 @@ static int write_key(struct kvi_nats_kv *k, const char *key, const void *value, 
 
 int kvi_nats_kv_put(struct kvi_nats_kv *k, const char *key, const void *value, size_t len)
 {
-    return write_key(k, key, value, len, false);
+    return write_key(k, key, value, len, W_PUT);
 }
 
-int kvi_nats_kv_delete(struct kvi_nats_kv *k, const char *key) { return write_key(k, key, NULL, 0, true); }
+int kvi_nats_kv_create(struct kvi_nats_kv *k, const char *key, const void *value, size_t len)
+{
+    return write_key(k, key, value, len, W_CREATE);
+}
+
+int kvi_nats_kv_delete(struct kvi_nats_kv *k, const char *key) { return write_key(k, key, NULL, 0, W_DELETE); }

@@ -69,6 +69,13 @@ struct kvi_nats_kv *kvi_nats_kv_open(struct kvi_nats *plane, const char *bucket,
  */
 int kvi_nats_kv_put(struct kvi_nats_kv *kv, const char *key, const void *value, size_t len);
 
+/**
+ * Store @p key only if it holds no value (never written, or deleted): the
+ * bucket's revision check decides between two writers racing. Returns as
+ * kvi_nats_kv_put, and -EEXIST when the key holds a value.
+ */
+int kvi_nats_kv_create(struct kvi_nats_kv *kv, const char *key, const void *value, size_t len);
+
 /** Delete @p key (a delete marker). Returns as kvi_nats_kv_put. */
 int kvi_nats_kv_delete(struct kvi_nats_kv *kv, const char *key);
 

@@ -67,6 +67,18 @@ static void test_shared_registrations(void **state)
     kfx_until_query(&b, "/query", q, "\"scores\":{\"41\":{\"0\":12}}", pubs, 1);
     kfx_until_query(&a, "/query", q, "\"scores\":{\"41\":{\"0\":12}}", pubs, 1);
 
+    /* the same rank through two replicas: the second answers 409 (taken here already, or refused by
+     * the bucket's revision check while A's write is on its way), and every replica keeps A's */
+    kfx_expect(&a, "/register", "{\"instance_id\":50,\"endpoint\":\"tcp://127.0.0.1:2\",\"model_name\":\"m\",\"block_size\":4}",
+               201, NULL);
+    kfx_expect(&b, "/register", "{\"instance_id\":50,\"endpoint\":\"tcp://127.0.0.1:3\",\"model_name\":\"m\",\"block_size\":4}",
+               409, NULL);
+    if (!KFX_WAIT(workers_has(&b, "\"instance_id\":50,") && workers_has(&b, "\"tcp://127.0.0.1:2\""), KFX_WAIT_MS))
+        fail_msg("B never took A's registration of instance 50");
+    assert_false(workers_has(&b, "\"tcp://127.0.0.1:3\""));
+    assert_false(workers_has(&a, "\"tcp://127.0.0.1:3\""));
+    kfx_expect(&a, "/unregister", "{\"instance_id\":50,\"model_name\":\"m\"}", 200, NULL);
+
     /* refusals are not shared: another block size, a bad endpoint */
     snprintf(body, sizeof body, "{\"instance_id\":42,\"endpoint\":\"tcp://127.0.0.1:1\",\"model_name\":\"m\",\"block_size\":8}");
     kfx_expect(&b, "/register", body, 409, NULL);
