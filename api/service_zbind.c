@@ -228,12 +228,15 @@ static void pod_forget(struct kvi_service *svc, size_t i, uint64_t idle_s)
 {
     struct svc_zpod p = svc->zp[i];
     struct kvi_listener_key key = {p.ns->ix, 0, p.pod, 0};
+    /* the topic first: while the listener is still registered its messages reach it, and once it
+     * is gone they make a new pod (posted, so registered after this sweep), never a held message
+     * for a pod nobody registers */
+    topic_forget(p.zb, p.topic);
     (void)kvi_listeners_unregister(svc->listeners, &key);
     kvi_svc__submit_op(svc, KVI_OP_REMOVE_INSTANCE, p.ns, p.dense, 0);
     pthread_mutex_lock(&svc->mu);
     svc->zp[i] = svc->zp[--svc->n_zp];
     pthread_mutex_unlock(&svc->mu);
-    topic_forget(p.zb, p.topic);
     kvi_log_info("zmq-bind %s: pod %s of model %s forgotten: no message for %" PRIu64 " s, its blocks dropped",
                  p.zb->endpoint, p.pod, p.ns->model, idle_s);
     kvi_relaxed_add(&svc->zb_forgotten, 1);

@@ -27,6 +27,15 @@
  *   each turn, so a socket or listener freed by a command is never on the
  *   ready list or in an unprocessed epoll event.
  *
+ *   Open bind endpoints (kvi_listeners_bind_open). CMD_BIND_OPEN hands the
+ *   thread a bind_ep marked held_open: it is bound and its prefix subscribed
+ *   like a member's topic, and it survives its last member (freed at
+ *   CMD_STOP). An unmatched message goes to on_unknown (bind_hold); one it
+ *   accepts is moved out of t->fr into the endpoint's held array (oldest
+ *   first, bounded), and exec_add hands a new member the held messages it
+ *   matches (bind_release_held) right after lis_start, before the thread
+ *   reads the socket again: they come before anything that follows them.
+ *
  *   Monitors (liveness, net/listener.h). When a SUB opens (a connect-mode
  *   listener's, or a bind endpoint's shared one), the thread attaches a
  *   connection monitor, within the pool's budget (pool->n_monitors, a

@@ -97,7 +97,7 @@
  *   | create / destroy                     | control plane (destroy: no      |
  *   |                                      | other call running)             |
  *   | register, unregister, pause, resume, | any thread; serialised inside;  |
- *   | open_gate, seed                      | they wait for the listener      |
+ *   | open_gate, seed, bind_open           | they wait for the listener      |
  *   |                                      | thread, so never call them from |
  *   |                                      | a writer thread                 |
  *   | get, foreach, totals, thread_stats,  | any thread (counters are        |
