@@ -6,7 +6,8 @@
  * connect mode:
  *   - three pods of two models: each model's queries score exactly what its
  *     pods stored, /workers lists them with "source":"zmq-bind";
- *   - a topic of another shape is counted and stored nowhere;
+ *   - a topic of another shape, and a pod past --zmq-bind-max-pods, are
+ *     counted and stored nowhere;
  *   - a pod that restarts (seq back to 0) is a new engine: its old blocks go;
  *   - without a block size in the flag, the first BlockStored gives it;
  *   - a pod silent for --zmq-bind-idle-s is forgotten, its blocks dropped.
@@ -47,16 +48,17 @@ static uint16_t free_port(void)
 
 /*
  * Start kvidxd with --zmq-bind tcp://127.0.0.1:<free port><suffix> and
- * --zmq-bind-idle-s @p idle; another port when the bind lost a race.
+ * --zmq-bind-idle-s @p idle and --zmq-bind-max-pods @p max_pods; another port when the bind lost a race.
  * @p ep receives the endpoint the publishers connect to.
  */
-static void start_zbind(struct kfx_daemon *d, const char *suffix, const char *idle, char *ep, size_t cap)
+static void start_zbind(struct kfx_daemon *d, const char *suffix, const char *idle, const char *max_pods, char *ep,
+                        size_t cap)
 {
     for (int attempt = 0; attempt < 5; attempt++) {
         snprintf(ep, cap, "tcp://127.0.0.1:%u", free_port());
         char flag[160];
         snprintf(flag, sizeof flag, "%s%s", ep, suffix);
-        const char *args[] = {"--zmq-bind", flag, "--zmq-bind-idle-s", idle, NULL};
+        const char *args[] = {"--zmq-bind", flag, "--zmq-bind-idle-s", idle, "--zmq-bind-max-pods", max_pods, NULL};
         kfx_start(d, args, NULL);
         if (kfx_log_has(d, "zmq-bind", "bound, waiting", 5000))
             return;
@@ -140,16 +142,18 @@ static void test_pods_models_bad_topic_restart(void **state)
     (void)state;
     struct kfx_daemon d;
     char ep[64];
-    start_zbind(&d, "=4", "0", ep, sizeof ep);
+    start_zbind(&d, "=4", "0", "3", ep, sizeof ep);
 
     struct kvidx_pub *a = pod_pub(ep, "kv@pod-a@m1");
     struct kvidx_pub *b = pod_pub(ep, "kv@pod-b@m1");
     struct kvidx_pub *c = pod_pub(ep, "kv@pod-c@m2");
     struct kvidx_pub *bad = pod_pub(ep, "kv@no-model");
+    struct kvidx_pub *x = pod_pub(ep, "kv@pod-x@m1"); /* a 4th pod: past --zmq-bind-max-pods 3 */
     sync_pub(&d, a, "kv@pod-a@m1", "kvidx_listener_unknown_topic_total");
     sync_pub(&d, b, "kv@pod-b@m1", "kvidx_listener_unknown_topic_total");
     sync_pub(&d, c, "kv@pod-c@m2", "kvidx_listener_unknown_topic_total");
     sync_pub(&d, bad, "kv@no-model", "kvidx_listener_unknown_topic_total");
+    sync_pub(&d, x, "kv@pod-x@m1", "kvidx_listener_unknown_topic_total");
 
     /* pod-a: chain 0 blocks 0..3; pod-b: chain 0 blocks 0..1, chain 1 0..2; pod-c: chain 0 0..4 */
     kfx_publish(a, 0, 0, 2, NULL);
@@ -163,6 +167,8 @@ static void test_pods_models_bad_topic_restart(void **state)
     until_scores(&d, "m1", 0, 4, WANT("\"pod-a\":{\"0\":16}", "\"pod-b\":{\"0\":8}"), "pod-c");
     until_scores(&d, "m1", 1, 3, WANT("\"scores\":{\"pod-b\":{\"0\":12}}"), NULL);
     until_scores(&d, "m2", 0, 4, WANT("\"scores\":{\"pod-c\":{\"0\":16}}"), NULL);
+    kfx_publish(x, 0, 0, 4, NULL); /* after the three are registered: refused */
+    assert_true(KFX_WAIT(kfx_metric(&d, "kvidx_zmq_bind_pods_refused_total") >= 1, KFX_WAIT_MS));
     until_scores(&d, "m2", 1, 3, WANT("\"scores\":{"), "pod-");
     assert_true(KFX_WAIT(kfx_metric(&d, "kvidx_zmq_bind_bad_topic_total") >= 2, KFX_WAIT_MS));
     assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), 3);
@@ -175,6 +181,7 @@ static void test_pods_models_bad_topic_restart(void **state)
                                    "\"block_size\":4,\"source\":\"zmq-bind\""));
     assert_non_null(strstr(r.body, "\"instance_id\":\"pod-c\",\"model_name\":\"m2\""));
     assert_null(strstr(r.body, "no-model"));
+    assert_null(strstr(r.body, "pod-x"));
     kfx_resp_free(&r);
     assert_int_equal(kfx_get(&d, "/workers?model_name=m2", &r), 200);
     assert_null(strstr(r.body, "pod-a"));
@@ -194,6 +201,7 @@ static void test_pods_models_bad_topic_restart(void **state)
     kvidx_pub_destroy(b);
     kvidx_pub_destroy(c);
     kvidx_pub_destroy(bad);
+    kvidx_pub_destroy(x);
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 }
 
@@ -203,7 +211,7 @@ static void test_learnt_block_size_and_idle_pod(void **state)
     (void)state;
     struct kfx_daemon d;
     char ep[64];
-    start_zbind(&d, "", "1", ep, sizeof ep);
+    start_zbind(&d, "", "1", "4096", ep, sizeof ep);
     struct kvidx_pub *p = pod_pub(ep, "kv@pod-d@m3");
     struct kvidx_pub *q = pod_pub(ep, "kv@pod-e@m3");
     sync_pub(&d, p, "kv@pod-d@m3", "kvidx_listener_unknown_topic_total");
