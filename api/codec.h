@@ -419,11 +419,13 @@ struct kvi_worker_view {
     const char *source; /* NULL = "zmq" */
     const struct kvi_listener_view *listeners; /* emitted in this order */
     size_t n_listeners;
+    const char *instance_name; /* a string id (--zmq-bind pods): "instance_id" is this string; NULL = the u64 */
 };
 
 /**
  * GET /workers (§1.7): an array of
  * {"instance_id","model_name","tenant_id","block_size","source","status",
+ *  (instance_id a u64, or a string for a view with instance_name)
  *  "endpoints":{"<rank>":ep},"listeners":{"<rank>":{"endpoint","status"[,"last_error"]
  *  [,"messages","seconds_since_last_message","connected"]}}}
  * in the given order; "status" aggregates listeners (failed > pending >

@@ -558,7 +558,10 @@ int kvi_dyn_encode_workers(const struct kvi_worker_view *ws, size_t n, struct kv
         const struct kvi_worker_view *x = &ws[i];
         kvi_wr_obj(&w, 8);
         kvi_wr_keyz(&w, "instance_id");
-        kvi_wr_u64(&w, x->instance_id);
+        if (x->instance_name != NULL)
+            kvi_wr_strz(&w, x->instance_name);
+        else
+            kvi_wr_u64(&w, x->instance_id);
         kvi_wr_keyz(&w, "model_name");
         kvi_wr_strz(&w, x->model_name ? x->model_name : "");
         kvi_wr_keyz(&w, "tenant_id");

@@ -113,6 +113,10 @@ struct opts {
     long conn_output_limit;
     long output_limit;
     const char *port_file;
+    struct kvi_zbind_arg zbind[16]; /* --zmq-bind */
+    size_t n_zbind;
+    long zbind_max_pods;
+    long zbind_idle_s;
 };
 
 static void usage(FILE *f)
@@ -144,6 +148,12 @@ static void usage(FILE *f)
             "  --replay-timeout-ms N  give up a replay after N ms without progress (default 5000)\n"
             "  --max-dp-ranks N       distinct dp ranks one registration's batches may name (default 1024);\n"
             "                         batches of further ranks are dropped and counted\n"
+            "  --zmq-bind ENDPOINT[=BLOCK_SIZE]  bind a SUB there for engines that connect (llm-d: topic\n"
+            "                         kv@<pod-id>@<model-name>; repeatable, at most 16); each pod is registered\n"
+            "                         on its first message; block size from the flag or the first BlockStored\n"
+            "  --zmq-bind-max-pods N  pods per --zmq-bind endpoint (default 4096); a new pod past it is dropped\n"
+            "  --zmq-bind-idle-s N    forget a pod (and drop its blocks) after N s without a message\n"
+            "                         (default 600; 0 = never)\n"
             "  --max-models N         namespaces (model x tenant) that may exist (default 1024); a registration\n"
             "                         that would create another answers 429\n"
             "  --body-limit BYTES     request body limit of every route but /query (default 2097152)\n"
@@ -189,6 +199,31 @@ static void usage(FILE *f)
             "Signals: SIGTERM or SIGINT stop the daemon gracefully (exit 0 within 2 s).\n");
     kvi_slot_service_usage(f);
     kvi_nats_args_usage(f);
+}
+
+static int parse_long(const char *flag, const char *s, long min, long max, long *out);
+
+/* --zmq-bind ENDPOINT[=BLOCK_SIZE] (the '=' is cut out of argv). @return 0, or -1 after a message. */
+static int parse_zbind(char *arg, struct opts *o)
+{
+    if (o->n_zbind == sizeof o->zbind / sizeof o->zbind[0]) {
+        fprintf(stderr, "kvidxd: at most %zu --zmq-bind endpoints\n", sizeof o->zbind / sizeof o->zbind[0]);
+        return -1;
+    }
+    long bs = 0;
+    char *eq = strrchr(arg, '=');
+    if (eq != NULL) {
+        *eq = '\0';
+        if (parse_long("--zmq-bind block size", eq + 1, 1, UINT32_MAX, &bs) != 0)
+            return -1;
+    }
+    char err[128];
+    if (kvi_endpoint_validate(arg, err, sizeof err) != 0) {
+        fprintf(stderr, "kvidxd: --zmq-bind %s: %s\n", arg, err);
+        return -1;
+    }
+    o->zbind[o->n_zbind++] = (struct kvi_zbind_arg){arg, (uint32_t)bs};
+    return 0;
 }
 
 static int parse_long(const char *flag, const char *s, long min, long max, long *out)
@@ -246,7 +281,7 @@ static int min_initial_workers(uint64_t *out)
 enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
     O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_MAX_MODELS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN, O_ALLOW_REMOTE_ADMIN, O_DATA_TOKEN,
-    O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_MAX_CONNS_ADDR, O_H2_RESETS, O_CONN_OUT, O_OUT_LIMIT, O_PORT_FILE, O_HELP, O_VERSION,
+    O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_MAX_CONNS_ADDR, O_H2_RESETS, O_CONN_OUT, O_OUT_LIMIT, O_PORT_FILE, O_ZBIND, O_ZBIND_MAX_PODS, O_ZBIND_IDLE, O_HELP, O_VERSION,
 };
 
 static int parse_opts(int argc, char **argv, struct opts *o)
@@ -284,6 +319,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"http-conn-output-limit", required_argument, NULL, O_CONN_OUT},
         {"http-output-limit", required_argument, NULL, O_OUT_LIMIT},
         {"port-file", required_argument, NULL, O_PORT_FILE},
+        {"zmq-bind", required_argument, NULL, O_ZBIND},
+        {"zmq-bind-max-pods", required_argument, NULL, O_ZBIND_MAX_PODS},
+        {"zmq-bind-idle-s", required_argument, NULL, O_ZBIND_IDLE},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
@@ -333,6 +371,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case O_CONN_OUT: rc = parse_long("--http-conn-output-limit", optarg, 0, LONG_MAX, &o->conn_output_limit); break;
         case O_OUT_LIMIT: rc = parse_long("--http-output-limit", optarg, 0, LONG_MAX, &o->output_limit); break;
         case O_PORT_FILE: o->port_file = optarg; break;
+        case O_ZBIND: rc = parse_zbind(optarg, o); break;
+        case O_ZBIND_MAX_PODS: rc = parse_long("--zmq-bind-max-pods", optarg, 1, 1048576, &o->zbind_max_pods); break;
+        case O_ZBIND_IDLE: rc = parse_long("--zmq-bind-idle-s", optarg, 0, 31536000, &o->zbind_idle_s); break;
         case 'h':
         case O_HELP: usage(stdout); exit(0);
         case O_VERSION: printf("kvidxd %s\n", KVIDXD_VERSION); exit(0);
@@ -430,6 +471,8 @@ int main(int argc, char **argv)
         .conn_output_limit = -1,
         .output_limit = -1,
         .max_models = KVI_SVC_DEFAULT_MAX_MODELS,
+        .zbind_max_pods = KVI_SVC_DEFAULT_ZBIND_MAX_PODS,
+        .zbind_idle_s = KVI_SVC_DEFAULT_ZBIND_IDLE_S,
     };
     struct kvi_slot_service_config slot_cfg; /* the slot-tracker flags leave argv here */
     struct kvi_slot_port_flags slot_port;
@@ -518,6 +561,10 @@ int main(int argc, char **argv)
         .listeners_quiet = false, /* listener lines go through kvi_log: --log-level filters them */
         .max_models = (uint32_t)o.max_models,
         .nats = &nats_args,
+        .zbinds = o.zbind,
+        .n_zbinds = o.n_zbind,
+        .zbind_max_pods = (uint32_t)o.zbind_max_pods,
+        .zbind_idle_s = (uint32_t)o.zbind_idle_s,
     };
     struct kvi_service *svc = kvi_service_create(&sc);
     if (svc == NULL) {

@@ -285,6 +285,9 @@ static void render_events(const struct kvi_listener_totals *t, struct kvi_buf *b
     put_help(b, "kvidx_listener_unknown_topic_total", "counter",
              "bind mode: messages whose topic matched no registration");
     put_u64(b, "kvidx_listener_unknown_topic_total", "", t->unknown_topic);
+    put_help(b, "kvidx_listener_held_dropped_total", "counter",
+             "open bind endpoints (--zmq-bind): messages held for a pod being registered, dropped past the bound");
+    put_u64(b, "kvidx_listener_held_dropped_total", "", t->held_dropped);
     put_help(b, "kvidx_listener_threads", "gauge", "listener threads");
     put_u64(b, "kvidx_listener_threads", "", t->threads);
 }
@@ -510,6 +513,29 @@ static void render_misc(const struct kvi_metrics_src *src, struct kvi_buf *b)
     put_sec(b, "kvidx_recovery_duration_seconds", "", rs.duration_ms * 1000000u);
 }
 
+/* --zmq-bind: pods registered, created, forgotten, and the messages dropped before a registration. */
+static void render_zbind(const struct kvi_metrics_src *src, struct kvi_buf *b)
+{
+    struct kvi_zbind_counters z;
+    kvi_service_zbind_counters(src->svc, &z);
+    put_help(b, "kvidx_zmq_bind_pods", "gauge", "--zmq-bind pods registered now");
+    put_u64(b, "kvidx_zmq_bind_pods", "", z.pods);
+    put_help(b, "kvidx_zmq_bind_pods_created_total", "counter", "--zmq-bind pods registered on their first message");
+    put_u64(b, "kvidx_zmq_bind_pods_created_total", "", z.pods_created);
+    put_help(b, "kvidx_zmq_bind_pods_forgotten_total", "counter",
+             "--zmq-bind pods forgotten (blocks dropped) after --zmq-bind-idle-s without a message");
+    put_u64(b, "kvidx_zmq_bind_pods_forgotten_total", "", z.pods_forgotten);
+    put_help(b, "kvidx_zmq_bind_bad_topic_total", "counter",
+             "--zmq-bind messages dropped: topic not kv@<pod-id>@<model-name>");
+    put_u64(b, "kvidx_zmq_bind_bad_topic_total", "", z.bad_topic);
+    put_help(b, "kvidx_zmq_bind_pods_refused_total", "counter",
+             "--zmq-bind messages of a new pod dropped: past --zmq-bind-max-pods, or no namespace or registration");
+    put_u64(b, "kvidx_zmq_bind_pods_refused_total", "", z.pods_refused);
+    put_help(b, "kvidx_zmq_bind_no_block_size_total", "counter",
+             "--zmq-bind first messages of a new pod dropped: no block size from the flag or a BlockStored");
+    put_u64(b, "kvidx_zmq_bind_no_block_size_total", "", z.no_block_size);
+}
+
 /* --nats: the connection, then each source (label source = its subject or stream, kind, model). */
 static void render_nats(const struct kvi_metrics_src *src, struct kvi_buf *b)
 {
@@ -604,5 +630,6 @@ int kvi_metrics_render(const struct kvi_metrics_src *src, struct kvi_buf *out)
     render_queries(src, out);
     render_misc(src, out);
     render_nats(src, out);
+    render_zbind(src, out);
     return kvi_buf_ok(out) ? 0 : -ENOMEM;
 }

@@ -81,6 +81,7 @@ struct kvi_service *kvi_service_create(const struct kvi_service_config *cfg)
     pthread_cond_init(&svc->qcv, NULL);
     pthread_mutex_init(&svc->mu, NULL);
     atomic_store(&svc->recovery_running, cfg->n_peers > 0);
+    kvi_svc__zbind_init(svc);
 
     struct kvi_index_config tmpl = {.block_size = 16, .n_parts = svc->cfg.writer_threads};
     int err = 0;
@@ -131,7 +132,16 @@ static void *ctl_main(void *arg)
         kvi_die("control thread: no producer: %s", strerror(errno));
     svc_startup(svc, NULL);
     for (;;) {
+        uint64_t sweep_ns = kvi_svc__zbind_sweep(svc); /* --zmq-bind-idle-s: 0 = never */
         pthread_mutex_lock(&svc->qmu);
+        if (svc->qhead == NULL && !svc->ctl_quit && sweep_ns > 0) {
+            struct timespec ts = kvi_timespec_after(CLOCK_REALTIME, sweep_ns);
+            pthread_cond_timedwait(&svc->qcv, &svc->qmu, &ts);
+            if (svc->qhead == NULL && !svc->ctl_quit) {
+                pthread_mutex_unlock(&svc->qmu);
+                continue; /* a sweep is due */
+            }
+        }
         while (svc->qhead == NULL && !svc->ctl_quit)
             pthread_cond_wait(&svc->qcv, &svc->qmu);
         struct svc_cmd *c = svc->qhead;
@@ -259,6 +269,7 @@ static void svc_teardown(struct kvi_service *svc)
     kvi_svc__nats_stop(svc); /* its sources submit to the writers */
     if (svc->listeners)
         kvi_listeners_destroy(svc->listeners);
+    kvi_svc__zbind_free(svc); /* after the listeners: their threads call into it */
     if (svc->writers)
         kvi_writer_pool_destroy(svc->writers);
     if (svc->nsreg)
@@ -472,8 +483,10 @@ static void svc_startup(struct kvi_service *svc, void *arg)
         atomic_store(&svc->recovery_result, (int)res);
     }
     /* NATS sources after recovery: a stream source rebuilds from its stream, over what a peer gave */
-    if (!kvi_service_stopping(svc))
+    if (!kvi_service_stopping(svc)) {
+        kvi_svc__zbind_start(svc);
         kvi_svc__nats_start(svc);
+    }
     if (svc->cfg.min_initial_workers > 0 && atomic_load(&svc->registered) < svc->cfg.min_initial_workers)
         kvi_log_info("waiting for %" PRIu64 " initial instance(s) to register (DYN_ROUTER_MIN_INITIAL_WORKERS)",
                      svc->cfg.min_initial_workers);

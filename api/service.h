@@ -107,6 +107,27 @@ struct kvi_nats_args;
 #define KVI_SVC_DEFAULT_RECOVERY_TIMEOUT_MS 10000
 #define KVI_SVC_DEFAULT_MAX_MODELS 1024
 
+/** One --zmq-bind ENDPOINT[=BLOCK_SIZE]. */
+struct kvi_zbind_arg {
+    const char *endpoint;
+    uint32_t block_size; /* 0 = each model's from its first BlockStored (or its namespace's) */
+};
+
+#define KVI_SVC_DEFAULT_ZBIND_MAX_PODS 4096
+#define KVI_SVC_DEFAULT_ZBIND_IDLE_S 600
+
+/** Counters of the --zmq-bind endpoints, over all of them (kvi_service_zbind_counters). */
+struct kvi_zbind_counters {
+    uint64_t pods;            /* pods registered now */
+    uint64_t pods_created;    /* pods registered on their first message */
+    uint64_t pods_forgotten;  /* pods dropped after --zmq-bind-idle-s without a message */
+    uint64_t bad_topic;       /* messages whose topic is not kv@<pod>@<model>: dropped */
+    uint64_t pods_refused;    /* messages of a new pod past the per-endpoint bound, or whose
+                                 namespace or registration could not be made: dropped */
+    uint64_t no_block_size;   /* first messages of a new model without a BlockStored (and no flag): dropped */
+};
+
+
 struct kvi_service_config {
     uint32_t writer_threads;      /* partitions per index = writer threads; 0 = 4 */
     uint32_t listener_threads;    /* 0 = the listener pool's default */
@@ -131,9 +152,18 @@ struct kvi_service_config {
     /* --nats: the plane's connection and sources (api/nats_args.h); NULL or servers NULL = none.
      * Not copied: it must outlive the service. */
     const struct kvi_nats_args *nats;
+    /* --zmq-bind: endpoints kvidx binds for engines that connect (llm-d: topic kv@<pod>@<model>;
+     * api/service_zbind.c), copied */
+    const struct kvi_zbind_arg *zbinds;
+    size_t n_zbinds;
+    uint32_t zbind_max_pods; /* pods per endpoint; 0 = KVI_SVC_DEFAULT_ZBIND_MAX_PODS */
+    uint32_t zbind_idle_s;   /* a pod silent this long is forgotten; 0 = never */
 };
 
 struct kvi_service;
+
+/** The --zmq-bind counters. Any thread. */
+void kvi_service_zbind_counters(struct kvi_service *svc, struct kvi_zbind_counters *out);
 
 /** Destroy the listener pool, the writer pool and the registry. After a successful stop. */
 void kvi_service_destroy(struct kvi_service *svc);

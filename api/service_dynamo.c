@@ -397,10 +397,17 @@ int kvi_service_encode_workers(struct kvi_service *svc, const struct kvi_dyn_wor
             }
         }
         v[n++] = (struct kvi_worker_view){w->id, w->ns->model, w->ns->tenant, w->ns->block_size, NULL, lv,
-                                          w->n_ranks};
+                                          w->n_ranks, NULL};
     }
     struct kvi_worker_view *nv = NULL;
     size_t nn = kvi_svc__nats_worker_views(svc, f, &s, &nv);
+    if (nn > 0) {
+        v = kvi_xrealloc(v, (n + nn) * sizeof *v);
+        memcpy(v + n, nv, nn * sizeof *v);
+        n += nn;
+    }
+    free(nv);
+    nn = kvi_svc__zbind_worker_views(svc, f, &s, &nv);
     if (nn > 0) {
         v = kvi_xrealloc(v, (n + nn) * sizeof *v);
         memcpy(v + n, nv, nn * sizeof *v);

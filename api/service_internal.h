@@ -157,6 +157,15 @@ struct kvi_service {
     _Atomic bool registry_loaded;
     bool nats_failed; /* control thread: the plane could not be created (logged once) */
 
+    /* --zmq-bind (api/service_zbind.c): the endpoints (created with the service) and the pods
+     * registered on them (written by the control thread under mu) */
+    struct svc_zbind *zb;
+    size_t n_zb;
+    struct svc_zpod *zp;
+    size_t n_zp, cap_zp;
+    uint64_t zb_next_sweep_ns; /* control thread */
+    _Atomic uint64_t zb_created, zb_forgotten;
+
     /* readiness (api/service.c) */
     _Atomic bool recovery_running;
     _Atomic int recovery_result;
@@ -351,5 +360,21 @@ int kvi_svc__nats_unregister(struct kvi_service *svc, uint64_t id, struct kvi_st
  */
 size_t kvi_svc__nats_worker_views(struct kvi_service *svc, const struct kvi_dyn_workers_filter *f,
                                   struct kvi_scratch *s, struct kvi_worker_view **out);
+
+/* ---- --zmq-bind (api/service_zbind.c) ------------------------------------------------------- */
+
+/** Copy the --zmq-bind endpoints of the configuration into the service. At create. */
+void kvi_svc__zbind_init(struct kvi_service *svc);
+/** Open the --zmq-bind endpoints (failures logged). Control thread, at startup. */
+void kvi_svc__zbind_start(struct kvi_service *svc);
+/** Forget the pods silent for --zmq-bind-idle-s when a sweep is due. Control thread. @return the
+ * nanoseconds until the next sweep is due, or 0 when idle pods are never forgotten. */
+uint64_t kvi_svc__zbind_sweep(struct kvi_service *svc);
+/** Free the endpoints and pods. Destroy, after the listener pool. */
+void kvi_svc__zbind_free(struct kvi_service *svc);
+/** The --zmq-bind pods as /workers views (source "zmq-bind"), filtered by @p f; like
+ * kvi_svc__nats_worker_views. Called with `mu` held. */
+size_t kvi_svc__zbind_worker_views(struct kvi_service *svc, const struct kvi_dyn_workers_filter *f,
+                                   struct kvi_scratch *s, struct kvi_worker_view **out);
 
 #endif

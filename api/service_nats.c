@@ -231,7 +231,7 @@ static void collect(void *ctx, const struct kvi_nats_worker_view *w)
             c->v = kvi_xrealloc(c->v, c->cap * sizeof *c->v);
         }
         x = &c->v[c->n++];
-        *x = (struct kvi_worker_view){w->worker_id, ns->model, ns->tenant, ns->block_size, "nats", NULL, 0};
+        *x = (struct kvi_worker_view){w->worker_id, ns->model, ns->tenant, ns->block_size, "nats", NULL, 0, NULL};
     }
     /* listeners grow by one (scratch: a copy per rank, old arrays left to the scratch) */
     struct kvi_listener_view *lv = kvi_scratch_alloc(c->s, (x->n_listeners + 1) * sizeof *lv);

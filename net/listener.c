@@ -27,6 +27,15 @@
  *   each turn, so a socket or listener freed by a command is never on the
  *   ready list or in an unprocessed epoll event.
  *
+ *   Open bind endpoints (kvi_listeners_bind_open). CMD_BIND_OPEN hands the
+ *   thread a bind_ep marked held_open: it is bound and its prefix subscribed
+ *   like a member's topic, and it survives its last member (freed at
+ *   CMD_STOP). An unmatched message goes to on_unknown (bind_hold); one it
+ *   accepts is moved out of t->fr into the endpoint's held array (oldest
+ *   first, bounded), and exec_add hands a new member the held messages it
+ *   matches (bind_release_held) right after lis_start, before the thread
+ *   reads the socket again: they come before anything that follows them.
+ *
  *   Monitors (liveness, net/listener.h). When a SUB opens (a connect-mode
  *   listener's, or a bind endpoint's shared one), the thread attaches a
  *   connection monitor, within the pool's budget (pool->n_monitors, a
@@ -444,6 +453,30 @@ static int bind_ensure(struct lis_thread *t, struct bind_ep *b)
     return 0;
 }
 
+static void held_free(struct held_msg *h)
+{
+    for (int i = 0; i < 3; i++)
+        zmq_msg_close(&h->fr[i]);
+}
+
+/* Close and unlink @p b and free it with what it holds. */
+static void bind_free(struct lis_thread *t, struct bind_ep *b)
+{
+    sock_close(t, &b->sock);
+    for (struct bind_ep **pp = &t->binds; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == b) {
+            *pp = b->next;
+            break;
+        }
+    for (size_t i = 0; i < b->n_held; i++)
+        held_free(&b->held[i]);
+    free(b->held);
+    free(b->members);
+    free(b->prefix);
+    free(b->endpoint);
+    free(b);
+}
+
 static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct listener *l)
 {
     for (size_t i = 0; i < b->n; i++)
@@ -453,17 +486,9 @@ static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct l
         }
     if (b->last_hit == l)
         b->last_hit = NULL;
-    if (b->n > 0)
+    if (b->n > 0 || b->held_open)
         return;
-    sock_close(t, &b->sock);
-    for (struct bind_ep **pp = &t->binds; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == b) {
-            *pp = b->next;
-            break;
-        }
-    free(b->members);
-    free(b->endpoint);
-    free(b);
+    bind_free(t, b);
 }
 
 /* The member whose topic is the longest prefix of @p topic, or NULL. */
@@ -471,14 +496,15 @@ static struct listener *bind_match(struct bind_ep *b, const void *topic, size_t 
 {
     struct listener *h = b->last_hit;
     struct listener *best = NULL;
-    if (h != NULL && h->topic_len <= len && memcmp(h->topic, topic, h->topic_len) == 0) {
+    if (h != NULL && (h->exact ? h->topic_len == len : h->topic_len <= len) &&
+        memcmp(h->topic, topic, h->topic_len) == 0) {
         best = h;
         if (b->n == 1)
             return best;
     }
     for (size_t i = 0; i < b->n; i++) {
         struct listener *m = b->members[i];
-        if (m->topic_len <= len && (best == NULL || m->topic_len > best->topic_len) &&
+        if ((m->exact ? m->topic_len == len : m->topic_len <= len) && (best == NULL || m->topic_len > best->topic_len) &&
             memcmp(m->topic, topic, m->topic_len) == 0)
             best = m;
     }
@@ -873,6 +899,53 @@ static void release_frames(struct lis_thread *t)
         }
 }
 
+/*
+ * Offer the unmatched message in t->fr (nf frames) to an open endpoint's
+ * on_unknown; hold it (moved out of t->fr) when accepted, dropping the
+ * oldest held one past max_held. @return whether it was held.
+ */
+static bool bind_hold(struct lis_thread *t, struct bind_ep *b, int nf)
+{
+    if (b->on_unknown == NULL || nf != 3 || zmq_msg_size(&t->fr[1]) != 8)
+        return false;
+    uint64_t seq = kvi_load_be64(zmq_msg_data(&t->fr[1]));
+    if (!b->on_unknown(b->ctx, b->endpoint, zmq_msg_data(&t->fr[0]), zmq_msg_size(&t->fr[0]), seq,
+                       zmq_msg_data(&t->fr[2]), zmq_msg_size(&t->fr[2])))
+        return false;
+    if (b->n_held == b->max_held) {
+        held_free(&b->held[0]);
+        memmove(&b->held[0], &b->held[1], (b->n_held - 1) * sizeof *b->held);
+        b->n_held--;
+        TCTR(t, held_dropped, 1);
+    }
+    struct held_msg *h = &b->held[b->n_held++];
+    for (int i = 0; i < 3; i++) {
+        zmq_msg_init(&h->fr[i]);
+        zmq_msg_move(&h->fr[i], &t->fr[i]);
+    }
+    return true;
+}
+
+/* Hand the messages held for @p l (bind member, draining) to it, in the order they came. */
+static void bind_release_held(struct lis_thread *t, struct bind_ep *b, struct listener *l)
+{
+    size_t k = 0;
+    uint64_t now = kvi_now_ns();
+    for (size_t i = 0; i < b->n_held; i++) {
+        struct held_msg *h = &b->held[i];
+        if (bind_match(b, zmq_msg_data(&h->fr[0]), zmq_msg_size(&h->fr[0])) != l) {
+            b->held[k++] = *h;
+            continue;
+        }
+        for (int j = 0; j < 3; j++)
+            zmq_msg_move(&t->fr[j], &h->fr[j]);
+        held_free(h);
+        handle_live(l, 3, now);
+        release_frames(t);
+    }
+    b->n_held = k;
+}
+
 /* Handle the message in t->fr (nf > 0 frames) or a receive error (nf < 0). @return false once s is closed. */
 static bool serve_one(struct lis_thread *t, struct lsock *s, int nf, uint64_t now)
 {
@@ -891,10 +964,10 @@ static bool serve_one(struct lis_thread *t, struct lsock *s, int nf, uint64_t no
             return false;
         }
         struct listener *l = bind_match(b, zmq_msg_data(&t->fr[0]), zmq_msg_size(&t->fr[0]));
-        if (l == NULL || !l->draining)
-            TCTR(t, unknown_topic, 1);
-        else
+        if (l != NULL && l->draining)
             handle_live(l, nf, now);
+        else if (l != NULL || !bind_hold(t, b, nf))
+            TCTR(t, unknown_topic, 1);
         return true;
     }
     struct listener *l = s->owner;
@@ -1026,6 +1099,21 @@ static void exec_add(struct lis_thread *t, struct listener *l)
         l->bind = b;
     }
     lis_start(l);
+    if (l->bind != NULL && l->draining && l->bind->n_held > 0)
+        bind_release_held(t, l->bind, l);
+}
+
+/* Open bind endpoint @p b (CMD_BIND_OPEN): bind and subscribe its prefix. @return 0 or -errno (b freed). */
+static int exec_bind_open(struct lis_thread *t, struct bind_ep *b)
+{
+    b->next = t->binds;
+    t->binds = b;
+    int rc = bind_ensure(t, b);
+    if (rc == 0 && zmq_setsockopt(b->sock.zs, ZMQ_SUBSCRIBE, b->prefix, b->prefix_len) != 0)
+        rc = -errno;
+    if (rc != 0)
+        bind_free(t, b);
+    return rc;
 }
 
 static void exec_remove(struct lis_thread *t, struct listener *l)
@@ -1076,6 +1164,11 @@ static void exec_cmd(struct lis_thread *t, struct cmd *c)
         break;
     case CMD_STOP:
         t->stop = true;
+        while (t->binds != NULL) /* open ones: registrations' went with them */
+            bind_free(t, t->binds);
+        break;
+    case CMD_BIND_OPEN:
+        c->rc = exec_bind_open(t, (struct bind_ep *)(uintptr_t)c->arg);
         break;
     case CMD_SEED:
         /* only before anything was drained: W must name the recovered state */

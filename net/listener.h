@@ -22,7 +22,20 @@
  *                         that endpoint. The topic is the only identity: a
  *                         message goes to the registration whose topic is the
  *                         longest prefix of frame 0 (use delimited prefixes
- *                         such as "kv@pod-1@"). Unmatched topics are counted.
+ *                         such as "kv@pod-1@"; a registration with
+ *                         exact_topic matches frame 0 only when equal).
+ *                         Unmatched topics are counted.
+ *
+ *   Open bind endpoints (kvi_listeners_bind_open): a bind endpoint the pool
+ *   keeps bound with no registration, subscribed to a prefix (llm-d's
+ *   "kv@"), for engines nobody registers. A message whose topic no
+ *   registration matches is offered to the caller's on_unknown callback (on
+ *   the listener thread); when it answers true (a registration for that
+ *   topic is coming, made from another thread), the message is held, at
+ *   most max_held per endpoint (past that the oldest is dropped and counted
+ *   in held_dropped), and handed to the registration whose topic it matches
+ *   as soon as that registration is added, before any later message. When it
+ *   answers false the message is counted in unknown_topic and dropped.
  *
  * STATES
  *   pending  registered, sockets connected (buffering up to the receive HWM)
@@ -84,7 +97,7 @@
  *   | create / destroy                     | control plane (destroy: no      |
  *   |                                      | other call running)             |
  *   | register, unregister, pause, resume, | any thread; serialised inside;  |
- *   | open_gate, seed                      | they wait for the listener      |
+ *   | open_gate, seed, bind_open           | they wait for the listener      |
  *   |                                      | thread, so never call them from |
  *   |                                      | a writer thread                 |
  *   | get, foreach, totals, thread_stats,  | any thread (counters are        |
@@ -235,6 +248,7 @@ struct kvi_listener_spec {
     uint32_t block_size;          /* registered block size; 0 = the index's */
     int32_t group;                /* KV-cache group indexed (0) */
     uint32_t skip_tiers;          /* bit (1u << tier): skip events on that tier */
+    bool exact_topic;             /* bind mode: frame 0 must equal topic (not just start with it) */
     bool seed_watermark;          /* start with W = watermark (kvi_listeners_seed) rather than unset */
     uint64_t watermark;           /* with seed_watermark */
 };
@@ -289,7 +303,8 @@ struct kvi_listener_totals {
     uint32_t listeners;                          /* registered now */
     uint32_t by_state[KVI_LISTENER_STATES];      /* registered now, by state */
     uint32_t threads;
-    uint64_t unknown_topic;    /* bind mode: messages whose topic matched no registration */
+    uint64_t unknown_topic;    /* bind mode: messages whose topic matched no registration (and not held) */
+    uint64_t held_dropped;     /* open bind endpoints: held messages dropped past max_held */
     uint64_t writer_stalls;    /* writer-pool submits that found a ring full (all producers) */
     struct kvi_listener_counters ctr;
 };
@@ -435,6 +450,39 @@ void kvi_listeners_totals(struct kvi_listeners *lp, struct kvi_listener_totals *
  * (until its next clear), a lower bound only refuses new ones.
  */
 void kvi_listeners_set_max_ranks(struct kvi_listeners *lp, uint32_t max_ranks);
+
+/**
+ * Called on a listener thread for a message of an open bind endpoint whose
+ * topic (@p topic_len bytes, not NUL-terminated) no registration matches,
+ * with its seq and payload (valid during the call). It must not call into
+ * the pool (it may hand work to a thread that does). @return true to hold the
+ * message for a registration of that topic about to be made.
+ */
+typedef bool (*kvi_listener_unknown_fn)(void *ctx, const char *endpoint, const void *topic, size_t topic_len,
+                                        uint64_t seq, const void *payload, size_t payload_len);
+
+#define KVI_LISTEN_DEFAULT_MAX_HELD 4096 /* messages an open bind endpoint holds (kvi_listeners_bind_open) */
+
+/** An open bind endpoint (kvi_listeners_bind_open). Strings are copied. */
+struct kvi_listener_bind_spec {
+    const char *endpoint;           /* the address kvidx binds */
+    const char *prefix;             /* subscribed topic prefix ("" = every message) */
+    kvi_listener_unknown_fn on_unknown; /* NULL: unmatched messages are counted and dropped */
+    void *ctx;
+    uint32_t max_held;              /* 0 = KVI_LISTEN_DEFAULT_MAX_HELD */
+};
+
+/**
+ * Open a bind endpoint that stays bound without registrations (open bind
+ * endpoints, MODES above) until the pool is destroyed. Bind-mode
+ * registrations naming the same endpoint share its socket (their topics are
+ * subscribed as usual; the prefix stays subscribed). Any thread, as
+ * register.
+ * @return 0; -EINVAL (endpoint invalid, prefix too long); -EEXIST (the
+ *         endpoint is open or registered already); or the bind's -errno
+ *         (-EADDRINUSE ...), in which case nothing is kept.
+ */
+int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_bind_spec *spec);
 
 /** The current bound of kvi_listeners_set_max_ranks. Any thread. */
 uint32_t kvi_listeners_max_ranks(const struct kvi_listeners *lp);

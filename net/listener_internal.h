@@ -17,6 +17,8 @@
 #include "net/listener.h"
 #include "net/replay.h"
 
+#include <zmq.h>
+
 #define KVI_LIS_WARN_BUDGET 20  /* warnings and errors a listener prints before going quiet */
 
 enum sock_kind { SK_CMD, SK_SUB, SK_BIND, SK_DEALER, SK_MON };
@@ -60,6 +62,7 @@ struct listener {
     uint32_t dp_rank;
     char *endpoint, *replay_ep, *topic;
     size_t topic_len;
+    bool exact;          /* bind mode: the topic must equal frame 0, not prefix it */
     uint8_t mode, policy;
     struct lis_thread *thr;
     struct kvi_listeners *lp;
@@ -97,6 +100,11 @@ struct listener {
     _Atomic uint64_t pub_last_msg_ns; /* kvi_now_ns() of the last live message, 0 = none yet */
 };
 
+/* A message of an unknown topic held for the registration on_unknown announced. */
+struct held_msg {
+    zmq_msg_t fr[3]; /* topic, seq8, payload (moved out of the thread's frames) */
+};
+
 /* A bound SUB shared by the bind-mode registrations of one endpoint (thread-owned). */
 struct bind_ep {
     char *endpoint;
@@ -107,6 +115,16 @@ struct bind_ep {
     size_t n, cap;
     struct listener *last_hit;
     struct bind_ep *next;
+    /* kvi_listeners_bind_open: open without members, `prefix` subscribed, unknown topics offered to
+     * on_unknown; the messages it accepts are held (oldest first, at most max_held) until a member
+     * whose topic they match is added */
+    bool held_open;
+    char *prefix;
+    size_t prefix_len;
+    kvi_listener_unknown_fn on_unknown;
+    void *ctx;
+    struct held_msg *held;
+    size_t n_held, max_held;
 };
 
 /* Control-side record of a bind endpoint (pool->mu). */
@@ -117,13 +135,13 @@ struct bind_reg {
     struct bind_reg *next;
 };
 
-enum cmd_type { CMD_ADD, CMD_REMOVE, CMD_PAUSE, CMD_RESUME, CMD_GATE, CMD_STOP, CMD_SEED };
+enum cmd_type { CMD_ADD, CMD_REMOVE, CMD_PAUSE, CMD_RESUME, CMD_GATE, CMD_STOP, CMD_SEED, CMD_BIND_OPEN };
 
 struct cmd {
     uint8_t type;
     bool done;
     int rc;       /* CMD_SEED: 0 or -EBUSY */
-    uint64_t arg; /* CMD_SEED: the watermark */
+    uint64_t arg; /* CMD_SEED: the watermark; CMD_BIND_OPEN: the struct bind_ep * (rc: 0 or -errno) */
     struct listener *l;
     struct cmd *next;
 };
@@ -160,7 +178,7 @@ struct lis_thread {
     zmq_msg_t fr[5];
 
     /* counters: owner thread writes */
-    _Atomic uint64_t wakeups, messages, decode_ns, ingest_ns, busy_ns, unknown_topic;
+    _Atomic uint64_t wakeups, messages, decode_ns, ingest_ns, busy_ns, unknown_topic, held_dropped;
     _Atomic uint32_t n_listeners, n_sockets;
 };
 

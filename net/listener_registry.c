@@ -282,6 +282,7 @@ int kvi_listeners_register(struct kvi_listeners *lp, const struct kvi_listener_s
     l->topic = kvi_lis__strdup(s->topic ? s->topic : "");
     l->topic_len = strlen(l->topic);
     l->mode = (uint8_t)s->mode;
+    l->exact = s->exact_topic;
     l->policy = (uint8_t)s->gap_policy;
     l->warn_budget = KVI_LIS_WARN_BUDGET;
     l->state = KVI_LISTENER_PENDING;
@@ -359,6 +360,64 @@ int kvi_listeners_register(struct kvi_listeners *lp, const struct kvi_listener_s
     kvi_lis__call(t, CMD_ADD, l);
     pthread_mutex_unlock(&lp->ctl);
     return 0;
+}
+
+int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_bind_spec *spec)
+{
+    char err[128];
+    if (spec == NULL || spec->endpoint == NULL || kvi_endpoint_validate(spec->endpoint, err, sizeof err) != 0 ||
+        strlen(spec->endpoint) >= KVI_LISTEN_EP_MAX)
+        return -EINVAL;
+    const char *prefix = spec->prefix ? spec->prefix : "";
+    if (strlen(prefix) >= KVI_LISTEN_NAME_MAX)
+        return -EINVAL;
+    struct bind_ep *be = kvi_xcalloc(1, sizeof *be);
+    be->endpoint = kvi_lis__strdup(spec->endpoint);
+    be->held_open = true;
+    be->prefix = kvi_lis__strdup(prefix);
+    be->prefix_len = strlen(prefix);
+    be->on_unknown = spec->on_unknown;
+    be->ctx = spec->ctx;
+    be->max_held = spec->max_held ? spec->max_held : KVI_LISTEN_DEFAULT_MAX_HELD;
+    be->held = kvi_xcalloc(be->max_held, sizeof *be->held);
+
+    pthread_mutex_lock(&lp->ctl);
+    pthread_mutex_lock(&lp->mu);
+    struct bind_reg *b = lp->binds;
+    while (b != NULL && strcmp(b->endpoint, spec->endpoint) != 0)
+        b = b->next;
+    if (b != NULL) {
+        pthread_mutex_unlock(&lp->mu);
+        pthread_mutex_unlock(&lp->ctl);
+        free(be->held);
+        free(be->prefix);
+        free(be->endpoint);
+        free(be);
+        return -EEXIST;
+    }
+    struct kvi_listener_spec pick = {.mode = KVI_LISTEN_CONNECT}; /* the least-loaded thread */
+    struct lis_thread *t = pick_thread_locked(lp, &pick);
+    b = kvi_xcalloc(1, sizeof *b);
+    b->endpoint = kvi_lis__strdup(spec->endpoint);
+    b->thr = t;
+    b->refs = 1; /* the open endpoint's own: never released */
+    b->next = lp->binds;
+    lp->binds = b;
+    pthread_mutex_unlock(&lp->mu);
+    int rc = kvi_lis__call_arg(t, CMD_BIND_OPEN, NULL, (uint64_t)(uintptr_t)be); /* frees be on failure */
+    if (rc != 0) {
+        pthread_mutex_lock(&lp->mu);
+        for (struct bind_reg **pp = &lp->binds; *pp != NULL; pp = &(*pp)->next)
+            if (*pp == b) {
+                *pp = b->next;
+                break;
+            }
+        pthread_mutex_unlock(&lp->mu);
+        free(b->endpoint);
+        free(b);
+    }
+    pthread_mutex_unlock(&lp->ctl);
+    return rc;
 }
 
 /* Read l's counters (relaxed loads). */
@@ -503,7 +562,13 @@ static void listeners_free(struct kvi_listeners *lp)
             break;
         kvi_listeners_unregister(lp, &k);
     }
-    stop_threads(lp);
+    stop_threads(lp); /* the threads free their open bind endpoints */
+    while (lp->binds != NULL) {
+        struct bind_reg *b = lp->binds;
+        lp->binds = b->next;
+        free(b->endpoint);
+        free(b);
+    }
     if (lp->own_zctx)
         zmq_ctx_term(lp->zctx);
     pthread_mutex_destroy(&lp->ctl);
@@ -598,7 +663,10 @@ void kvi_listeners_totals(struct kvi_listeners *lp, struct kvi_listener_totals *
     pthread_mutex_unlock(&lp->mu);
     out->threads = lp->n_threads;
     for (uint32_t i = 0; i < lp->n_threads; i++)
+    {
         out->unknown_topic += atomic_load_explicit(&lp->thr[i].unknown_topic, memory_order_relaxed);
+        out->held_dropped += atomic_load_explicit(&lp->thr[i].held_dropped, memory_order_relaxed);
+    }
     uint32_t nw = kvi_writer_pool_size(lp->writers);
     for (uint32_t w = 0; w < nw; w++) {
         struct kvi_writer_stats ws;

@@ -822,9 +822,9 @@ static void test_workers_status_misc(void **state)
         {2, "tcp://h:4", KVI_LS_PENDING, NULL, false, 0, false, 0, 0},
     };
     struct kvi_worker_view w[] = {
-        {1, "llama-3-8b", "default", 16, NULL, l1, 2},
-        {18446744073709551615ull, "m", "t", 32, "zmq", l2, 2},
-        {3, "m", "t", 32, NULL, l3, 2},
+        {1, "llama-3-8b", "default", 16, NULL, l1, 2, NULL},
+        {18446744073709551615ull, "m", "t", 32, "zmq", l2, 2, NULL},
+        {3, "m", "t", 32, NULL, l3, 2, NULL},
     };
     assert_int_equal(kvi_dyn_encode_workers(w, 3, &b), 0);
     assert_out(&b, "[{\"instance_id\":1,\"model_name\":\"llama-3-8b\",\"tenant_id\":\"default\",\"block_size\":16,"
@@ -847,6 +847,13 @@ static void test_workers_status_misc(void **state)
     kvi_buf_reset(&b);
     assert_int_equal(kvi_dyn_encode_workers(NULL, 0, &b), 0);
     assert_out(&b, "[]");
+    /* a string id (--zmq-bind pods): instance_id is the string */
+    kvi_buf_reset(&b);
+    struct kvi_worker_view ws = {0, "m1", "default", 16, "zmq-bind", l3, 1, "pod-\"a\""};
+    assert_int_equal(kvi_dyn_encode_workers(&ws, 1, &b), 0);
+    assert_out(&b, "[{\"instance_id\":\"pod-\\\"a\\\"\",\"model_name\":\"m1\",\"tenant_id\":\"default\",\"block_size\":16,"
+                   "\"source\":\"zmq-bind\",\"status\":\"paused\",\"endpoints\":{\"0\":\"tcp://h:3\"},"
+                   "\"listeners\":{\"0\":{\"endpoint\":\"tcp://h:3\",\"status\":\"paused\"}}}]");
 
     kvi_buf_reset(&b);
     struct kvi_status_view st = {false, "waiting_for_min_initial_workers", false, false, NULL, 2, 1, 1, 0, 0, 0,

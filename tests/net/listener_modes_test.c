@@ -5,7 +5,8 @@
  * engine), pause / resume, unregister then register again, registration
  * errors and failed listeners, and a gated pool (pending until the gate
  * opens), and liveness (connected / messages / last message, from the
- * sockets' connection monitors). Real publishers over loopback TCP and ipc,
+ * sockets' connection monitors), and an open bind endpoint (messages of
+ * unknown topics held for the registration its callback announces). Real publishers over loopback TCP and ipc,
  * real writers and index (listener_fixture.h); waits are bounded polls.
  */
 #include <stdarg.h>
@@ -559,6 +560,87 @@ static void test_liveness_bind_mode(void **state)
     unlink(ep + strlen("ipc://"));
 }
 
+/* on_unknown of the open endpoint below: accepts "kv@pod-1@m" only, counts every call. */
+static _Atomic uint32_t offered, offered_ok;
+static bool hold_pod1(void *ctx, const char *endpoint, const void *topic, size_t len, uint64_t seq,
+                      const void *payload, size_t plen)
+{
+    (void)ctx, (void)endpoint, (void)seq, (void)payload, (void)plen;
+    bool ok = len == strlen("kv@pod-1@m") && memcmp(topic, "kv@pod-1@m", len) == 0;
+    atomic_fetch_add(&offered, 1);
+    if (ok)
+        atomic_fetch_add(&offered_ok, 1);
+    return ok;
+}
+
+static uint64_t unknown_topics(struct lfx *f)
+{
+    struct kvi_listener_totals t;
+    kvi_listeners_totals(f->lp, &t);
+    return t.unknown_topic;
+}
+
+/*
+ * An open bind endpoint: bound with no registration; batches of a topic the
+ * callback accepts are held and applied, in order, once that topic is
+ * registered (exact topic: "kv@pod-1@mx" is not pod 1's); refused ones are
+ * counted as unknown topics.
+ */
+static void test_open_bind_endpoint(void **state)
+{
+    (void)state;
+    struct lfx f;
+    lfx_init(&f, NULL);
+    char ep[128];
+    lfx_ipc(&f, ep, sizeof ep);
+    struct kvi_listener_bind_spec bs = {.endpoint = ep, .prefix = "kv@", .on_unknown = hold_pod1, .max_held = 8};
+    assert_int_equal(kvi_listeners_bind_open(f.lp, &bs), 0);
+    assert_int_equal(kvi_listeners_bind_open(f.lp, &bs), -EEXIST);
+
+    struct kvidx_pub *a = connecting_pub(ep, "kv@pod-1@m", false);
+    struct kvidx_pub *x = connecting_pub(ep, "kv@pod-1@mx", false);
+    /* slow joiner: 1-frame probes (never offered) until the subscription is up */
+    const void *fr[1] = {"kv@pod-1@m"};
+    size_t sz[1] = {strlen("kv@pod-1@m")};
+    if (!WAIT_FOR((raw(a, 1, fr, sz), unknown_topics(&f) > 0), WAIT_MS))
+        fail_msg("open bind endpoint never received a probe");
+    const void *frx[1] = {"kv@pod-1@mx"};
+    size_t szx[1] = {strlen("kv@pod-1@mx")};
+    uint64_t u0 = unknown_topics(&f);
+    if (!WAIT_FOR((raw(x, 1, frx, szx), unknown_topics(&f) > u0), WAIT_MS))
+        fail_msg("open bind endpoint never received the second engine's probe");
+
+    uint64_t last = pub_chain(a, 0, 0, 3); /* held: nothing registered */
+    assert_true(WAIT_FOR(atomic_load(&offered_ok) == 3, WAIT_MS));
+    pub_chain(x, 1, 0, 2);                 /* refused */
+    assert_true(WAIT_FOR(atomic_load(&offered) == 5, WAIT_MS));
+    uint64_t u1 = unknown_topics(&f);
+
+    struct kvi_listener_spec s = {.ix = f.ix, .instance_id = 1, .endpoint = ep, .topic = "kv@pod-1@m",
+                                  .mode = KVI_LISTEN_BIND, .exact_topic = true};
+    assert_int_equal(kvi_listeners_register(f.lp, &s), 0);
+    lfx_settle(&f, 1, last);
+    assert_int_equal(lfx_depth(&f, 1, 0, 3), 3);
+    last = pub_chain(a, 0, 3, 4); /* live now */
+    lfx_settle(&f, 1, last);
+    assert_int_equal(lfx_depth(&f, 1, 0, 4), 4);
+    pub_chain(x, 1, 2, 3); /* still nobody's: exact topic */
+    assert_true(WAIT_FOR(atomic_load(&offered) == 6, WAIT_MS));
+    assert_int_equal(unknown_topics(&f), u1 + 1);
+    assert_int_equal(lfx_info(&f, 1).ctr.batches, 4);
+
+    /* the endpoint stays bound once its last registration goes */
+    struct kvi_listener_key k1 = lfx_key(&f, 1, 0);
+    assert_int_equal(kvi_listeners_unregister(f.lp, &k1), 0);
+    pub_chain(a, 0, 4, 5);
+    assert_true(WAIT_FOR(atomic_load(&offered_ok) == 4, WAIT_MS));
+
+    kvidx_pub_destroy(a);
+    kvidx_pub_destroy(x);
+    lfx_fini(&f);
+    unlink(ep + strlen("ipc://"));
+}
+
 int main(void)
 {
     kvi_rcu_register_thread();
@@ -573,6 +655,7 @@ int main(void)
         cmocka_unit_test(test_liveness_connect_mode),
         cmocka_unit_test(test_liveness_tcp_gated_and_budget),
         cmocka_unit_test(test_liveness_bind_mode),
+        cmocka_unit_test(test_open_bind_endpoint),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     kvi_rcu_unregister_thread();

@@ -1,0 +1,256 @@
+/* ctest-labels: integration */
+/*
+ * kvidxd --zmq-bind, the llm-d convention: engines connect to one endpoint
+ * kvidxd binds, each publishing with the topic kv@<pod-id>@<model-name>, and
+ * nobody registers them. Real ZMQ over loopback TCP, C publishers in
+ * connect mode:
+ *   - three pods of two models: each model's queries score exactly what its
+ *     pods stored, /workers lists them with "source":"zmq-bind";
+ *   - a topic of another shape, and a pod past --zmq-bind-max-pods, are
+ *     counted and stored nowhere;
+ *   - a pod that restarts (seq back to 0) is a new engine: its old blocks go;
+ *   - without a block size in the flag, the first BlockStored gives it;
+ *   - a pod silent for --zmq-bind-idle-s is forgotten, its blocks dropped.
+ * Waits are bounded polls.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "kvidxd_fixture.h"
+
+static int teardown(void **state)
+{
+    (void)state;
+    kfx_kill_leftovers();
+    return 0;
+}
+
+/* A loopback TCP port free a moment ago (bound to port 0, then closed). */
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/*
+ * Start kvidxd with --zmq-bind tcp://127.0.0.1:<free port><suffix> and
+ * --zmq-bind-idle-s @p idle and --zmq-bind-max-pods @p max_pods; another port when the bind lost a race.
+ * @p ep receives the endpoint the publishers connect to.
+ */
+static void start_zbind(struct kfx_daemon *d, const char *suffix, const char *idle, const char *max_pods, char *ep,
+                        size_t cap)
+{
+    for (int attempt = 0; attempt < 5; attempt++) {
+        snprintf(ep, cap, "tcp://127.0.0.1:%u", free_port());
+        char flag[160];
+        snprintf(flag, sizeof flag, "%s%s", ep, suffix);
+        const char *args[] = {"--zmq-bind", flag, "--zmq-bind-idle-s", idle, "--zmq-bind-max-pods", max_pods, NULL};
+        kfx_start(d, args, NULL);
+        if (kfx_log_has(d, "zmq-bind", "bound, waiting", 5000))
+            return;
+        kfx_stop(d, SIGTERM, NULL);
+    }
+    fail_msg("kvidxd never bound its --zmq-bind endpoint");
+}
+
+/* A publisher that connects to @p ep with topic @p topic (no replay: the llm-d deployment has none). */
+static struct kvidx_pub *pod_pub(const char *ep, const char *topic)
+{
+    struct kvidx_pub_config pc;
+    kvidx_pub_config_init(&pc);
+    pc.endpoint = ep;
+    pc.topic = topic;
+    pc.socket_mode = KVIDX_PUB_SOCKET_CONNECT;
+    struct kvidx_pub *p = kvidx_pub_create(&pc);
+    assert_non_null(p);
+    return p;
+}
+
+/*
+ * PUB/SUB slow joiner: send 1-frame probes of @p p's topic (never stored:
+ * not a 3-frame message) until the daemon's counter @p metric has grown,
+ * i.e. the subscription reached the publisher.
+ */
+static void sync_pub(const struct kfx_daemon *d, struct kvidx_pub *p, const char *topic, const char *metric)
+{
+    long long before = kfx_metric(d, metric);
+    const void *fr[1] = {topic};
+    size_t sz[1] = {strlen(topic)};
+    int64_t end = kfx_now_ms() + KFX_WAIT_MS;
+    while (kfx_now_ms() < end) {
+        assert_int_equal(kvidx_pub_send_raw(p, fr, sz, 1), 0);
+        if (KFX_WAIT(kfx_metric(d, metric) > before, 100))
+            return;
+    }
+    fail_msg("%s never received a probe of %s", metric, topic);
+}
+
+/*
+ * Whether the "scores" object of a Dynamo /query answer holds every
+ * "pod":{"0":tokens} of @p want (NULL-terminated) and nothing of @p absent
+ * (NULL: anything else is fine). A score is matched blocks x block size.
+ */
+static bool scores_are(const char *body, const char *const *want, const char *absent)
+{
+    const char *s = body ? strstr(body, "\"scores\":{") : NULL;
+    const char *e = s ? strstr(s, "},\"frequencies\"") : NULL;
+    if (e == NULL)
+        return false;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%.*s", (int)(e + 1 - s), s);
+    for (size_t i = 0; want[i] != NULL; i++)
+        if (strstr(buf, want[i]) == NULL)
+            return false;
+    return absent == NULL || strstr(buf, absent) == NULL;
+}
+
+/* POST a Dynamo /query of the first n blocks of chain c until scores_are(want, absent). */
+static void until_scores(const struct kfx_daemon *d, const char *model, uint32_t c, uint32_t n,
+                         const char *const *want, const char *absent)
+{
+    char *q = kfx_query_json(model, c, n);
+    struct kfx_resp r = {0};
+    bool ok = KFX_WAIT((kfx_resp_free(&r), kfx_post_json(d, "/query", q, &r) == 200 && scores_are(r.body, want, absent)),
+                       KFX_WAIT_MS);
+    if (!ok) {
+        kfx_dump_log(d);
+        fail_msg("/query %s chain %u: want %s..., got %s", model, c, want[0] ? want[0] : "", r.body ? r.body : "(none)");
+    }
+    kfx_resp_free(&r);
+    free(q);
+}
+
+#define WANT(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* Pods of two models on one endpoint; a bad topic; a pod that restarts. */
+static void test_pods_models_bad_topic_restart(void **state)
+{
+    (void)state;
+    struct kfx_daemon d;
+    char ep[64];
+    start_zbind(&d, "=4", "0", "3", ep, sizeof ep);
+
+    struct kvidx_pub *a = pod_pub(ep, "kv@pod-a@m1");
+    struct kvidx_pub *b = pod_pub(ep, "kv@pod-b@m1");
+    struct kvidx_pub *c = pod_pub(ep, "kv@pod-c@m2");
+    struct kvidx_pub *bad = pod_pub(ep, "kv@no-model");
+    struct kvidx_pub *x = pod_pub(ep, "kv@pod-x@m1"); /* a 4th pod: past --zmq-bind-max-pods 3 */
+    sync_pub(&d, a, "kv@pod-a@m1", "kvidx_listener_unknown_topic_total");
+    sync_pub(&d, b, "kv@pod-b@m1", "kvidx_listener_unknown_topic_total");
+    sync_pub(&d, c, "kv@pod-c@m2", "kvidx_listener_unknown_topic_total");
+    sync_pub(&d, bad, "kv@no-model", "kvidx_listener_unknown_topic_total");
+    sync_pub(&d, x, "kv@pod-x@m1", "kvidx_listener_unknown_topic_total");
+
+    /* pod-a: chain 0 blocks 0..3; pod-b: chain 0 blocks 0..1, chain 1 0..2; pod-c: chain 0 0..4 */
+    kfx_publish(a, 0, 0, 2, NULL);
+    kfx_publish(a, 0, 2, 4, NULL);
+    kfx_publish(b, 0, 0, 2, NULL);
+    kfx_publish(b, 1, 0, 3, NULL);
+    kfx_publish(c, 0, 0, 4, NULL);
+    kfx_publish(bad, 0, 0, 4, NULL);
+    kfx_publish(bad, 5, 0, 4, NULL);
+
+    until_scores(&d, "m1", 0, 4, WANT("\"pod-a\":{\"0\":16}", "\"pod-b\":{\"0\":8}"), "pod-c");
+    until_scores(&d, "m1", 1, 3, WANT("\"scores\":{\"pod-b\":{\"0\":12}}"), NULL);
+    until_scores(&d, "m2", 0, 4, WANT("\"scores\":{\"pod-c\":{\"0\":16}}"), NULL);
+    kfx_publish(x, 0, 0, 4, NULL); /* after the three are registered: refused */
+    assert_true(KFX_WAIT(kfx_metric(&d, "kvidx_zmq_bind_pods_refused_total") >= 1, KFX_WAIT_MS));
+    until_scores(&d, "m2", 1, 3, WANT("\"scores\":{"), "pod-");
+    assert_true(KFX_WAIT(kfx_metric(&d, "kvidx_zmq_bind_bad_topic_total") >= 2, KFX_WAIT_MS));
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), 3);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods_created_total"), 3);
+    assert_int_equal(kfx_metric(&d, "kvidx_listener_blocks_stored_total"), 4 + 2 + 3 + 4); /* nothing of bad's */
+
+    struct kfx_resp r = {0};
+    assert_int_equal(kfx_get(&d, "/workers", &r), 200);
+    assert_non_null(strstr(r.body, "\"instance_id\":\"pod-a\",\"model_name\":\"m1\",\"tenant_id\":\"default\","
+                                   "\"block_size\":4,\"source\":\"zmq-bind\""));
+    assert_non_null(strstr(r.body, "\"instance_id\":\"pod-c\",\"model_name\":\"m2\""));
+    assert_null(strstr(r.body, "no-model"));
+    assert_null(strstr(r.body, "pod-x"));
+    kfx_resp_free(&r);
+    assert_int_equal(kfx_get(&d, "/workers?model_name=m2", &r), 200);
+    assert_null(strstr(r.body, "pod-a"));
+    kfx_resp_free(&r);
+
+    /* pod-a restarts: a new publisher, seq from 0 again: its old blocks go, the new ones count */
+    kvidx_pub_destroy(a);
+    a = pod_pub(ep, "kv@pod-a@m1");
+    sync_pub(&d, a, "kv@pod-a@m1", "kvidx_listener_malformed_total");
+    kfx_publish(a, 2, 0, 2, NULL);
+    until_scores(&d, "m1", 2, 2, WANT("\"scores\":{\"pod-a\":{\"0\":8}}"), NULL);
+    until_scores(&d, "m1", 0, 4, WANT("\"scores\":{\"pod-b\":{\"0\":8}}"), NULL);
+    assert_true(kfx_metric(&d, "kvidx_listener_restarts_total") >= 1);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), 3);
+
+    kvidx_pub_destroy(a);
+    kvidx_pub_destroy(b);
+    kvidx_pub_destroy(c);
+    kvidx_pub_destroy(bad);
+    kvidx_pub_destroy(x);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
+/* No block size in the flag: the first BlockStored's; a pod silent for --zmq-bind-idle-s is forgotten. */
+static void test_learnt_block_size_and_idle_pod(void **state)
+{
+    (void)state;
+    struct kfx_daemon d;
+    char ep[64];
+    start_zbind(&d, "", "1", "4096", ep, sizeof ep);
+    struct kvidx_pub *p = pod_pub(ep, "kv@pod-d@m3");
+    struct kvidx_pub *q = pod_pub(ep, "kv@pod-e@m3");
+    sync_pub(&d, p, "kv@pod-d@m3", "kvidx_listener_unknown_topic_total");
+    sync_pub(&d, q, "kv@pod-e@m3", "kvidx_listener_unknown_topic_total");
+    kfx_publish(p, 0, 0, 3, NULL);
+    kfx_publish(q, 0, 0, 2, NULL);
+    until_scores(&d, "m3", 0, 3, WANT("\"pod-d\":{\"0\":12}", "\"pod-e\":{\"0\":8}"), NULL);
+    assert_true(kfx_get_has(&d, "/workers", 200, "\"instance_id\":\"pod-d\",\"model_name\":\"m3\","
+                                                 "\"tenant_id\":\"default\",\"block_size\":4"));
+
+    /* pod-e keeps talking (one more block each 200 ms), pod-d goes quiet: only pod-d is forgotten */
+    int64_t end = kfx_now_ms() + KFX_WAIT_MS;
+    uint32_t next = 2;
+    while (kfx_metric(&d, "kvidx_zmq_bind_pods_forgotten_total") < 1 && kfx_now_ms() < end) {
+        if (next < 40)
+            kfx_publish(q, 0, next, next + 1, NULL), next++;
+        kfx_nap(200);
+    }
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods_forgotten_total"), 1);
+    assert_true(kfx_log_has(&d, "pod pod-d of model m3 forgotten", NULL, 1000));
+    assert_false(kfx_get_has(&d, "/workers", 200, "pod-d"));
+    assert_true(kfx_get_has(&d, "/workers", 200, "pod-e"));
+    until_scores(&d, "m3", 0, 3, WANT("\"scores\":{\"pod-e\":{\"0\":12}}"), "pod-d");
+
+    /* pod-d comes back: a new pod, registered on its first message again */
+    kfx_publish(p, 1, 0, 2, NULL);
+    until_scores(&d, "m3", 1, 2, WANT("\"scores\":{\"pod-d\":{\"0\":8}}"), NULL);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods_created_total"), 3);
+
+    kvidx_pub_destroy(p);
+    kvidx_pub_destroy(q);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_pods_models_bad_topic_restart, teardown),
+        cmocka_unit_test_teardown(test_learnt_block_size_and_idle_pod, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
