@@ -602,18 +602,24 @@ static void render_nats(const struct kvi_metrics_src *src, struct kvi_buf *b)
                                          memory_order_relaxed));
         }
     }
-    put_help(b, "kvidx_nats_ack_latency_seconds_total", "counter",
-             "JetStream receipt-to-ack time summed over acked messages (divide by kvidx_nats_acked_total)");
-    for (size_t i = 0; i < ns; i++)
-        if (kvi_nats_source_info(n, i, si) == 0)
-            put_sec(b, "kvidx_nats_ack_latency_seconds_total",
-                    lab1(l, sizeof l, "source", si->kind == KVI_NATS_CORE ? si->subject : si->stream),
-                    atomic_load_explicit(&((struct kvi_nats_counters *)si->ctr)->ack_ns_total, memory_order_relaxed));
-    put_help(b, "kvidx_nats_workers", "gauge", "(worker_id, dp_rank) pairs a NATS source has seen");
-    for (size_t i = 0; i < ns; i++)
-        if (kvi_nats_source_info(n, i, si) == 0)
-            put_u64(b, "kvidx_nats_workers",
-                    lab1(l, sizeof l, "source", si->kind == KVI_NATS_CORE ? si->subject : si->stream), si->workers);
+    /* two per-source figures labelled by source alone: seconds, then a gauge */
+    for (int k = 0; k < 2; k++) {
+        const char *name = k == 0 ? "kvidx_nats_ack_latency_seconds_total" : "kvidx_nats_workers";
+        put_help(b, name, k == 0 ? "counter" : "gauge",
+                 k == 0 ? "JetStream receipt-to-ack time summed over acked messages (divide by kvidx_nats_acked_total)"
+                        : "(worker_id, dp_rank) pairs a NATS source has seen");
+        for (size_t i = 0; i < ns; i++) {
+            if (kvi_nats_source_info(n, i, si) != 0)
+                continue;
+            const char *lb = lab1(l, sizeof l, "source", si->kind == KVI_NATS_CORE ? si->subject : si->stream);
+            if (k == 0)
+                put_sec(b, name, lb,
+                        atomic_load_explicit(&((struct kvi_nats_counters *)si->ctr)->ack_ns_total,
+                                             memory_order_relaxed));
+            else
+                put_u64(b, name, lb, si->workers);
+        }
+    }
     free(si);
 }
 

@@ -49,25 +49,27 @@
 
 #define KEY_MAX 1024
 
+/* Lower-case hex of s into out. @return the end of what was written. */
+static char *hex_put(char *out, struct kvi_str s)
+{
+    static const char hx[] = "0123456789abcdef";
+    for (size_t i = 0; i < s.len; i++) {
+        *out++ = hx[(uint8_t)s.p[i] >> 4];
+        *out++ = hx[(uint8_t)s.p[i] & 15];
+    }
+    return out;
+}
+
 /* `dyn.<hex model>.<hex tenant>.<id>.<rank>` into out (KEY_MAX). @return false when too long. */
 static bool dyn_key(char *out, struct kvi_str model, struct kvi_str tenant, uint64_t id, uint32_t rank)
 {
-    static const char hx[] = "0123456789abcdef";
     if (4 + 2 * model.len + 1 + 2 * tenant.len + 48 > KEY_MAX)
         return false;
-    size_t k = 0;
     memcpy(out, "dyn.", 4);
-    k = 4;
-    for (size_t i = 0; i < model.len; i++) {
-        out[k++] = hx[(uint8_t)model.p[i] >> 4];
-        out[k++] = hx[(uint8_t)model.p[i] & 15];
-    }
-    out[k++] = '.';
-    for (size_t i = 0; i < tenant.len; i++) {
-        out[k++] = hx[(uint8_t)tenant.p[i] >> 4];
-        out[k++] = hx[(uint8_t)tenant.p[i] & 15];
-    }
-    snprintf(out + k, KEY_MAX - k, ".%" PRIu64 ".%" PRIu32, id, rank);
+    char *k = hex_put(out + 4, model);
+    *k++ = '.';
+    k = hex_put(k, tenant);
+    snprintf(k, KEY_MAX - (size_t)(k - out), ".%" PRIu64 ".%" PRIu32, id, rank);
     return true;
 }
 
@@ -112,17 +114,6 @@ int kvi_svc__registry_del_dyn(struct kvi_service *svc, struct kvi_str model, str
     if (!dyn_key(key, model, tenant, id, rank))
         return -EINVAL;
     return kvi_nats_kv_delete(svc->registry, key);
-}
-
-/* Lower-case hex of s into out. @return the end of what was written. */
-static char *hex_put(char *out, struct kvi_str s)
-{
-    static const char hx[] = "0123456789abcdef";
-    for (size_t i = 0; i < s.len; i++) {
-        *out++ = hx[(uint8_t)s.p[i] >> 4];
-        *out++ = hx[(uint8_t)s.p[i] & 15];
-    }
-    return out;
 }
 
 int kvi_svc__registry_put_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r)

@@ -410,28 +410,6 @@ static void test_core(void **state)
 
 /* ---- JetStream -------------------------------------------------------------------------------- */
 
-/* Stop the server and start it again on the same port and store (file storage survives). */
-static void server_restart(struct kvi_nats_server *s)
-{
-    kill(s->pid, SIGTERM);
-    waitpid(s->pid, NULL, 0);
-    char port[16], js[sizeof s->dir + 8], log[sizeof s->dir + 16];
-    snprintf(port, sizeof port, "%d", s->port);
-    snprintf(js, sizeof js, "%s/js", s->dir);
-    snprintf(log, sizeof log, "%s/server2.log", s->dir);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        FILE *f = freopen(log, "w", stdout);
-        (void)f;
-        dup2(STDOUT_FILENO, STDERR_FILENO);
-        const char *bin = access("/usr/sbin/nats-server", X_OK) == 0 ? "/usr/sbin/nats-server" : "nats-server";
-        execlp(bin, bin, "-a", "127.0.0.1", "-p", port, "-js", "-sd", js, (char *)NULL);
-        _exit(127);
-    }
-    s->pid = pid;
-}
-
 static void test_jetstream_restarts(void **state)
 {
     (void)state;
@@ -477,7 +455,8 @@ static void test_jetstream_restarts(void **state)
     check_model(&d, &m, "m", "t", 2);
 
     /* nats-server stopped and restarted mid-stream (file storage): nothing lost */
-    server_restart(&ns);
+    kvi_nats_server_pause(&ns);
+    assert_int_equal(kvi_nats_server_resume(&ns), 0);
     if (!KFX_WAIT(kfx_metric(&d, "kvidx_nats_reconnects_total") >= 1, KFX_WAIT_MS)) {
         kfx_dump_log(&d);
         kvi_nats_server_dump_log(&ns);

@@ -130,26 +130,6 @@ static void test_shared_registrations(void **state)
     assert_int_equal(kfx_stop(&c, SIGTERM, NULL), 0);
 }
 
-/* Start nats-server on the port and store of a server stopped before (s->dir, s->port kept). */
-static void server_start_again(struct kvi_nats_server *s)
-{
-    char port[16], js[sizeof s->dir + 8], log[sizeof s->dir + 16];
-    snprintf(port, sizeof port, "%d", s->port);
-    snprintf(js, sizeof js, "%s/js", s->dir);
-    snprintf(log, sizeof log, "%s/server2.log", s->dir);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        FILE *f = freopen(log, "w", stdout);
-        (void)f;
-        dup2(STDOUT_FILENO, STDERR_FILENO);
-        const char *bin = access("/usr/sbin/nats-server", X_OK) == 0 ? "/usr/sbin/nats-server" : "nats-server";
-        execlp(bin, bin, "-a", "127.0.0.1", "-p", port, "-js", "-sd", js, (char *)NULL);
-        _exit(127);
-    }
-    s->pid = pid;
-}
-
 /* NATS unreachable at start-up: kvidxd serves (/health), is not ready (registry_loading), and
  * converges once NATS comes: the bucket's registrations are applied and /ready answers 200. */
 static void test_nats_late(void **state)
@@ -163,15 +143,13 @@ static void test_nats_late(void **state)
                201, NULL);
     assert_int_equal(kfx_stop(&a, SIGTERM, NULL), 0);
     /* the server goes away (its store stays), then a replica starts */
-    kill(ns.pid, SIGTERM);
-    waitpid(ns.pid, NULL, 0);
-    ns.pid = 0;
+    kvi_nats_server_pause(&ns);
     const char *args[] = {"--nats", ns.url, "--nats-registry", "kvidx-registrations", "--slot-port", "0", NULL};
     kfx_start(&b, args, NULL);
     assert_true(kfx_get_has(&b, "/health", 200, ""));
     /* (bounded: the control thread opens the registry right after start-up) */
     assert_true(KFX_WAIT(kfx_get_has(&b, "/ready", 503, "registry_loading"), KFX_WAIT_MS));
-    server_start_again(&ns);
+    assert_int_equal(kvi_nats_server_resume(&ns), 0);
     if (!KFX_WAIT(kfx_get_has(&b, "/ready", 200, "\"ready\":true"), KFX_WAIT_MS)) {
         kfx_dump_log(&b);
         fail_msg("the replica never converged once NATS came");

@@ -148,7 +148,35 @@ int kvi_nats_server_start(struct kvi_nats_server *s, unsigned timeout_ms)
     return 0;
 }
 
-void kvi_nats_server_stop(struct kvi_nats_server *s)
+int kvi_nats_server_resume(struct kvi_nats_server *s)
+{
+    char store[PATH_MAX + 8], log[PATH_MAX + 16], port[16];
+    snprintf(store, sizeof(store), "%s/js", s->dir);
+    snprintf(log, sizeof(log), "%s/server.log", s->dir);
+    snprintf(port, sizeof(port), "%d", s->port);
+    const char *bin = fx_binary();
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            dup2(fd, STDOUT_FILENO);
+            dup2(fd, STDERR_FILENO);
+        }
+        execlp(bin, bin, "-a", "127.0.0.1", "-p", port, "-js", "-sd", store, (char *)NULL);
+        _exit(127);
+    }
+    s->pid = pid;
+    return 0;
+}
+
+/* SIGTERM, a grace period, then SIGKILL; the directory stays. */
+static void fx_kill(struct kvi_nats_server *s)
 {
     if (s->pid > 0) {
         kill(s->pid, SIGTERM);
@@ -164,6 +192,13 @@ void kvi_nats_server_stop(struct kvi_nats_server *s)
         }
         s->pid = 0;
     }
+}
+
+void kvi_nats_server_pause(struct kvi_nats_server *s) { fx_kill(s); }
+
+void kvi_nats_server_stop(struct kvi_nats_server *s)
+{
+    fx_kill(s);
     fx_rmdir(s);
 }
 

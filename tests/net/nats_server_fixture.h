@@ -39,6 +39,20 @@ struct kvi_nats_server {
  */
 int kvi_nats_server_start(struct kvi_nats_server *s, unsigned timeout_ms);
 
+/**
+ * Stop the server (SIGTERM, wait) but keep its directory, port and URL, so
+ * that kvi_nats_server_resume can start it again on the same port and
+ * JetStream store (a server that went away and came back).
+ */
+void kvi_nats_server_pause(struct kvi_nats_server *s);
+
+/**
+ * Start a paused server again on its port and store; returns at once (the
+ * clients' reconnection is what a test waits for). @return 0 or a negative
+ * errno (fork).
+ */
+int kvi_nats_server_resume(struct kvi_nats_server *s);
+
 /** Stop the server (if running) and remove its directory. Idempotent. */
 void kvi_nats_server_stop(struct kvi_nats_server *s);
 
