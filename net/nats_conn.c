@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "net/log.h"
 
@@ -35,6 +36,17 @@ static void on_reconnected(natsConnection *nc, void *closure)
     atomic_store_explicit(&c->connected, true, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->reconnects, 1, memory_order_relaxed);
     kvi_log_info("nats: reconnected");
+}
+
+/* The last callback libnats makes for a connection (C1). */
+static void on_closed(natsConnection *nc, void *closure)
+{
+    (void)nc;
+    struct kvi_nats_conn *c = closure;
+    pthread_mutex_lock(&c->mu);
+    c->closed = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* Backoff: reconnect_wait_ms doubling per attempt, at most 2 s. */
@@ -68,6 +80,9 @@ static natsStatus set_servers(natsOptions *o, const char *list)
 int kvi_nats_conn_open(struct kvi_nats_conn *c, const struct kvi_nats_config *cfg)
 {
     c->reconnect_wait_ms = cfg->reconnect_wait_ms ? cfg->reconnect_wait_ms : KVI_NATS_DEFAULT_RECONNECT_WAIT_MS;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->closed = false;
     natsOptions *o = NULL;
     natsStatus s = natsOptions_Create(&o);
     const char *step = "options";
@@ -76,7 +91,8 @@ int kvi_nats_conn_open(struct kvi_nats_conn *c, const struct kvi_nats_config *cf
         (s = natsOptions_SetCustomReconnectDelay(o, reconnect_delay, c)) == NATS_OK &&
         (s = natsOptions_SetRetryOnFailedConnect(o, true, on_connected, c)) == NATS_OK &&
         (s = natsOptions_SetDisconnectedCB(o, on_disconnected, c)) == NATS_OK &&
-        (s = natsOptions_SetReconnectedCB(o, on_reconnected, c)) == NATS_OK) {
+        (s = natsOptions_SetReconnectedCB(o, on_reconnected, c)) == NATS_OK &&
+        (s = natsOptions_SetClosedCB(o, on_closed, c)) == NATS_OK) {
         if (cfg->name != NULL && s == NATS_OK)
             s = natsOptions_SetName(o, cfg->name);
         if ((cfg->user != NULL || cfg->password != NULL) && s == NATS_OK)
@@ -106,18 +122,35 @@ int kvi_nats_conn_open(struct kvi_nats_conn *c, const struct kvi_nats_config *cf
     if (s != NATS_OK) {
         kvi_log_error("nats: %s failed: %s (%s)", step, natsStatus_GetText(s), nats_GetLastError(NULL));
         c->nc = NULL;
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->mu);
         return s == NATS_NO_MEMORY ? -ENOMEM : s == NATS_INVALID_ARG ? -EINVAL : -EIO;
     }
     return 0;
 }
 
-void kvi_nats_conn_close(struct kvi_nats_conn *c)
+bool kvi_nats_conn_close(struct kvi_nats_conn *c)
 {
     if (c->nc == NULL)
-        return;
+        return true;
     natsConnection_Close(c->nc);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    pthread_mutex_lock(&c->mu);
+    while (!c->closed && pthread_cond_timedwait(&c->cv, &c->mu, &until) == 0) {
+    }
+    bool closed = c->closed;
+    pthread_mutex_unlock(&c->mu);
     natsConnection_Destroy(c->nc);
     c->nc = NULL;
+    if (!closed) {
+        kvi_log_warn("nats: the connection's closed callback never came: its state is left allocated");
+        return false;
+    }
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    return true;
 }
 
 void kvi_nats_conn_read(struct kvi_nats_conn *c, struct kvi_nats_conn_info *out)

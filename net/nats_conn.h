@@ -12,6 +12,7 @@
 #define KVI_NET_NATS_CONN_H
 
 #include <nats/nats.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -24,6 +25,12 @@ struct kvi_nats_conn {
     _Atomic bool connected;
     _Atomic uint64_t reconnects;
     _Atomic uint64_t disconnects;
+    /* libnats runs its connection callbacks on a thread of its own, after the
+     * call that caused them may have returned: close waits for the closed
+     * callback, the last one, before this struct may go (C1) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool closed;
 };
 
 /**
@@ -33,8 +40,13 @@ struct kvi_nats_conn {
  */
 int kvi_nats_conn_open(struct kvi_nats_conn *c, const struct kvi_nats_config *cfg);
 
-/** Close and free the connection (NULL connection: no-op). */
-void kvi_nats_conn_close(struct kvi_nats_conn *c);
+/**
+ * Close and free the connection, waiting (up to 10 s) for libnats' closed
+ * callback, after which no callback touches @p c. @return true when @p c
+ * may be freed; false (logged) when the callback never came: the caller
+ * must then leave @p c allocated.
+ */
+bool kvi_nats_conn_close(struct kvi_nats_conn *c);
 
 /** The plane's libnats connection (net/nats_source.c), for the other net/nats_*.c files. */
 natsConnection *kvi_nats__connection(struct kvi_nats *n);

@@ -779,7 +779,7 @@ void kvi_nats_destroy(struct kvi_nats *n)
         struct source *s = n->src[i];
         pthread_join(s->thread, NULL);
     }
-    kvi_nats_conn_close(&n->conn);
+    bool freeable = kvi_nats_conn_close(&n->conn);
     for (size_t i = 0; i < n->n_src; i++) {
         struct source *s = n->src[i];
         kvi_router_decoder_free(s->dec);
@@ -793,7 +793,8 @@ void kvi_nats_destroy(struct kvi_nats *n)
     }
     free(n->src);
     pthread_mutex_destroy(&n->mu);
-    free(n);
+    if (freeable) /* (else libnats may still call back into n->conn: left allocated) */
+        free(n);
 }
 
 size_t kvi_nats_n_sources(const struct kvi_nats *n)
