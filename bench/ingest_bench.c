@@ -58,7 +58,6 @@
 
 #include <kvidx/publisher.h>
 #include <msgpack.h>
-#include <dirent.h>
 #include <sched.h>
 #include <zmq.h>
 
@@ -604,42 +603,15 @@ enum { CPU_LISTEN, CPU_WRITER, CPU_ZMQ, CPU_PUB, CPU_OTHER, CPU_GROUPS };
 static const char *const cpu_group_name[CPU_GROUPS] = {"listener threads", "writer threads",
                                                        "ZMQ I/O threads", "publisher threads", "other"};
 
-/* Seconds of CPU (user + system) used so far by each group of this process's threads. */
-static void cpu_by_group(double out[CPU_GROUPS])
+/* The group of a thread, by its name. */
+static size_t cpu_group(pid_t tid, const char *comm, void *arg)
 {
-    memset(out, 0, CPU_GROUPS * sizeof *out);
-    DIR *d = opendir("/proc/self/task");
-    if (d == NULL)
-        return;
-    double hz = (double)sysconf(_SC_CLK_TCK);
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.')
-            continue;
-        char path[64], buf[512];
-        snprintf(path, sizeof path, "/proc/self/task/%.16s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        char *lp = strchr(buf, '('), *rp = strrchr(buf, ')');
-        if (lp == NULL || rp == NULL)
-            continue;
-        *rp = '\0';
-        const char *comm = lp + 1;
-        /* fields after ")": state(3) ... utime(14) stime(15) */
-        unsigned long ut = 0, st = 0;
-        if (sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-            continue;
-        int g = !strncmp(comm, "kvi-listen", 10)    ? CPU_LISTEN
-                : !strncmp(comm, "kvi-writer", 10)  ? CPU_WRITER
-                : !strncmp(comm, "ZMQbg", 5)        ? CPU_ZMQ
-                : !strncmp(comm, "kvi-bench-pub", 13) ? CPU_PUB
-                                                    : CPU_OTHER;
-        out[g] += (double)(ut + st) / hz;
-    }
-    closedir(d);
+    (void)tid, (void)arg;
+    return !strncmp(comm, "kvi-listen", 10)      ? CPU_LISTEN
+           : !strncmp(comm, "kvi-writer", 10)    ? CPU_WRITER
+           : !strncmp(comm, "ZMQbg", 5)          ? CPU_ZMQ
+           : !strncmp(comm, "kvi-bench-pub", 13) ? CPU_PUB
+                                                 : CPU_OTHER;
 }
 
 /* ---- the run --------------------------------------------------------------- */
@@ -946,7 +918,7 @@ static void snapshot(struct pipeline *pl, const struct ingest_cfg *c, struct kvi
         kvi_writer_stats(pl->pool, w, &ws[w]);
     for (uint32_t t = 0; t < c->listeners; t++)
         kvi_listener_thread_stats(pl->lp, t, &ls[t]);
-    cpu_by_group(cpu);
+    kvi_bench_thread_cpu_s(cpu, CPU_GROUPS, cpu_group, NULL);
 }
 
 /* Send everything, then wait until it is applied (or nothing moved for 10 s). */

@@ -124,41 +124,23 @@ struct groups {
     int server_pid;
 };
 
+/* The group of a thread: by thread id for the source's and the publishers' libnats threads,
+ * else by name; the main thread is "other", anything else the plane's libnats threads. */
+static size_t ngroup_of(pid_t tid, const char *comm, void *arg)
+{
+    const struct groups *g = arg;
+    return tid_in(&g->source, tid)               ? NG_SOURCE
+           : tid_in(&g->publib, tid)             ? NG_PUBLIB
+           : !strncmp(comm, "kvi-writer", 10)    ? NG_WRITER
+           : !strncmp(comm, "kvi-bench-pub", 13) ? NG_PUB
+           : tid == g->main_tid                  ? NG_OTHER
+                                                 : NG_PLANE;
+}
+
 /* CPU seconds of each group so far (NG_PUB: 0, the publisher threads clock themselves). */
 static void cpu_by_ngroup(const struct groups *g, double out[NG_COUNT])
 {
-    memset(out, 0, NG_COUNT * sizeof *out);
-    DIR *d = opendir("/proc/self/task");
-    if (d != NULL) {
-        double hz = (double)sysconf(_SC_CLK_TCK);
-        for (struct dirent *e; (e = readdir(d)) != NULL;) {
-            if (e->d_name[0] == '.')
-                continue;
-            char path[64], buf[512];
-            snprintf(path, sizeof path, "/proc/self/task/%.16s/stat", e->d_name);
-            FILE *f = fopen(path, "r");
-            if (f == NULL)
-                continue;
-            size_t n = fread(buf, 1, sizeof buf - 1, f);
-            fclose(f);
-            buf[n] = '\0';
-            char *lp = strchr(buf, '('), *rp = strrchr(buf, ')');
-            unsigned long ut = 0, st = 0;
-            if (lp == NULL || rp == NULL ||
-                sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-                continue;
-            *rp = '\0';
-            pid_t tid = (pid_t)atoi(e->d_name);
-            int grp = tid_in(&g->source, tid)                 ? NG_SOURCE
-                      : tid_in(&g->publib, tid)               ? NG_PUBLIB
-                      : !strncmp(lp + 1, "kvi-writer", 10)    ? NG_WRITER
-                      : !strncmp(lp + 1, "kvi-bench-pub", 13) ? NG_PUB
-                      : tid == g->main_tid                    ? NG_OTHER
-                                                              : NG_PLANE;
-            out[grp] += (double)(ut + st) / hz;
-        }
-        closedir(d);
-    }
+    kvi_bench_thread_cpu_s(out, NG_COUNT, ngroup_of, (void *)g);
     out[NG_PUB] = 0;
     double srv = kvi_bench_proc_cpu_s(g->server_pid);
     out[NG_SERVER] = srv > 0 ? srv : 0;
