@@ -10,7 +10,10 @@
  *     durable name (the consumer reads the stream whole again: /dump equals
  *     the model, pending reaches 0, /ready answers 200);
  *   - JetStream: nats-server stopped and restarted mid-stream (file
- *     storage): nothing lost.
+ *     storage): nothing lost;
+ *   - JetStream: no server answers when kvidxd starts: it serves what it
+ *     holds (/health, a ZMQ engine's queries), /ready says nats_unreachable,
+ *     and it converges (/dump equals the model) once the server is back.
  * Waits are bounded polls of kvidxd's own counters (no sleep is a
  * synchronisation); checks run on the main thread only.
  */
@@ -384,6 +387,72 @@ static void test_jetstream_restarts(void **state)
     kvi_nats_server_stop(&ns);
 }
 
+/* ---- NATS unreachable at start-up ---------------------------------------------------------- */
+
+/* kvidxd started with a stream source while no NATS server answers: it serves what it holds (a ZMQ
+ * engine's blocks), /ready says nats_unreachable, and once the server is back it reads the stream
+ * whole and its /dump equals the model. */
+static void test_nats_down_at_start(void **state)
+{
+    (void)state;
+    struct kvi_nats_server ns;
+    assert_int_equal(kvi_nats_server_start(&ns, 10000), 0);
+    const char *stream = "down-at-start";
+    struct model m = {0};
+    struct npub p[2];
+    for (int i = 0; i < 2; i++)
+        p[i] = npub_open(KVIDX_PUB_TRANSPORT_NATS_JETSTREAM, ns.url, NULL, stream, 41 + (uint64_t)i, 0);
+    pub_store(&p[0], &m, 0, 0, 4);
+    pub_store(&p[1], &m, 1, 0, 3);
+    for (int i = 0; i < 2; i++)
+        kvidx_pub_destroy(p[i].p);
+    kvi_nats_server_pause(&ns); /* (its store, with the stream, stays) */
+
+    char source[256];
+    snprintf(source, sizeof source, "%s=m:t@%d", stream, KFX_BS);
+    const char *args[] = {"--nats", ns.url, "--nats-stream", source, "--nats-durable", "kvidx-down", NULL};
+    struct kfx_daemon d;
+    kfx_start(&d, args, NULL);
+    assert_true(kfx_get_has(&d, "/health", 200, NULL));
+    if (!KFX_WAIT(kfx_get_has(&d, "/ready", 503, "\"reason\":\"nats_unreachable\""), KFX_WAIT_MS)) {
+        kfx_dump_log(&d);
+        fail_msg("/ready never said nats_unreachable");
+    }
+    assert_true(kfx_get_has(&d, "/status", 200, "\"nats\":{\"connected\":false"));
+    /* it serves what it holds: a ZMQ engine registered meanwhile is indexed and queried */
+    struct kvidx_pub *z = kfx_pub(0);
+    char body[512];
+    snprintf(body, sizeof body, "{\"instance_id\":5,\"endpoint\":\"%s\",\"replay_endpoint\":\"%s\",\"model_name\":\"z\","
+             "\"block_size\":%d}", kvidx_pub_endpoint(z), kvidx_pub_replay_endpoint(z), KFX_BS);
+    kfx_expect(&d, "/register", body, 201, NULL);
+    kfx_publish(z, 0, 0, 3, NULL);
+    char *q = kfx_query_json("z", 0, 3);
+    kfx_until_query(&d, "/query", q, "\"scores\":{\"5\":{\"0\":12}}", &z, 1);
+    assert_true(kfx_get_has(&d, "/ready", 503, "\"reason\":\"nats_unreachable\""));
+
+    /* NATS back: the stream is read whole, and new events follow */
+    assert_int_equal(kvi_nats_server_resume(&ns), 0);
+    if (!KFX_WAIT(kfx_get_has(&d, "/ready", 200, "\"ready\":true"), KFX_WAIT_MS)) {
+        kfx_dump_log(&d);
+        kvi_nats_server_dump_log(&ns);
+        fail_msg("kvidxd never caught up once NATS came back");
+    }
+    for (int i = 0; i < 2; i++)
+        p[i] = npub_open(KVIDX_PUB_TRANSPORT_NATS_JETSTREAM, ns.url, NULL, stream, 41 + (uint64_t)i, 0);
+    pub_store(&p[0], &m, 0, 4, 6);
+    pub_remove(&p[1], &m, 1, 1);
+    wait_metric(&d, metric("kvidx_nats_acked_total", stream, "m:t"), 4);
+    check_model(&d, &m, "m", "t", 2);
+    kfx_until_query(&d, "/query", q, "\"scores\":{\"5\":{\"0\":12}}", &z, 1);
+
+    free(q);
+    kvidx_pub_destroy(z);
+    for (int i = 0; i < 2; i++)
+        kvidx_pub_destroy(p[i].p);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+    kvi_nats_server_stop(&ns);
+}
+
 /* ---- POST /nats/sources ---------------------------------------------------------------------- */
 
 static void test_sources_route(void **state)
@@ -438,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_core),
         cmocka_unit_test(test_jetstream_restarts),
         cmocka_unit_test(test_sources_route),
+        cmocka_unit_test(test_nats_down_at_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
