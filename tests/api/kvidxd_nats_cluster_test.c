@@ -8,7 +8,8 @@
  * failed during the failover with the same id until the stream acknowledges
  * it:
  *   - the stream's leader is killed (SIGKILL) mid-stream and restarted with
- *     its store while the engine keeps publishing;
+ *     its store while the engine keeps publishing; then the two other nodes
+ *     in turn (one of them is kvidxd's server: it reconnects);
  *   - nothing is lost and nothing doubled: the stream holds one message per
  *     event, kvidxd saw no event_id gap, and its /dump equals the model;
  *   - a second kvidxd started after the failure (another durable) rebuilds
@@ -251,7 +252,20 @@ static void test_leader_killed_mid_stream(void **state)
     /* restarted with its store: it catches up as a follower */
     assert_int_equal(kvi_nats_cluster_restart(&c, leader, 10000), 0);
     engine_run(&e, &m, PHASE_EVENTS);
+    /* then the two others in turn, each once the stream is whole again, so that the server kvidxd
+     * is connected to goes too (libnats picks one of the list at random) */
+    for (int k = 1; k < 3; k++) {
+        int victim = (leader + k) % 3;
+        if (kvi_nats_cluster_stream_current(&c, STREAM, 30000) < 0) {
+            kvi_nats_cluster_dump_logs(&c);
+            fail_msg("the stream never had three current replicas again");
+        }
+        kvi_nats_cluster_kill(&c, victim);
+        engine_run(&e, &m, PHASE_EVENTS / 2);
+        assert_int_equal(kvi_nats_cluster_restart(&c, victim, 10000), 0);
+    }
     converge(&d1, &e, &m, &c);
+    assert_true(kfx_metric(&d1, "kvidx_nats_reconnects_total") >= 1);
     /* nothing doubled: one message per event (the retried ones de-duplicated by their Nats-Msg-Id) */
     assert_int_equal(stream_msgs(&e), e.published);
 

@@ -371,33 +371,61 @@ int kvi_nats_cluster_restart(struct kvi_nats_cluster *c, int i, unsigned timeout
     return rc;
 }
 
-int kvi_nats_cluster_stream_leader(const struct kvi_nats_cluster *c, const char *stream, unsigned timeout_ms)
+/* The index of the node that leads @p stream with every other node a current replica (when
+ * @p all_current), else -1; asked once. */
+static int fx_stream_leader_once(const struct kvi_nats_cluster *c, const char *stream, bool all_current)
+{
+    int leader = -1;
+    natsConnection *nc = fx_cluster_connect(c);
+    jsCtx *js = NULL;
+    jsStreamInfo *si = NULL;
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = 2000;
+    if (nc != NULL && natsConnection_JetStream(&js, nc, &jo) == NATS_OK &&
+        js_GetStreamInfo(&si, js, stream, NULL, NULL) == NATS_OK && si->Cluster != NULL &&
+        si->Cluster->Leader != NULL) {
+        for (int i = 0; i < c->n; i++) {
+            char name[32];
+            snprintf(name, sizeof(name), "kvidx-%d", i);
+            if (strcmp(si->Cluster->Leader, name) == 0 && c->node[i].pid > 0)
+                leader = i;
+        }
+        int current = 0;
+        for (int i = 0; i < si->Cluster->ReplicasLen; i++)
+            current += si->Cluster->Replicas[i]->Current && !si->Cluster->Replicas[i]->Offline;
+        if (all_current && current != c->n - 1)
+            leader = -1;
+    }
+    jsStreamInfo_Destroy(si);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return leader;
+}
+
+/* Poll fx_stream_leader_once until it names a node. */
+static int fx_stream_leader(const struct kvi_nats_cluster *c, const char *stream, bool all_current,
+                            unsigned timeout_ms)
 {
     int64_t deadline = fx_now_ms() + timeout_ms;
     for (;;) {
-        int leader = -ETIMEDOUT;
-        natsConnection *nc = fx_cluster_connect(c);
-        jsCtx *js = NULL;
-        jsStreamInfo *si = NULL;
-        jsOptions jo;
-        jsOptions_Init(&jo);
-        jo.Wait = 2000;
-        if (nc != NULL && natsConnection_JetStream(&js, nc, &jo) == NATS_OK &&
-            js_GetStreamInfo(&si, js, stream, NULL, NULL) == NATS_OK && si->Cluster != NULL &&
-            si->Cluster->Leader != NULL)
-            for (int i = 0; i < c->n; i++) {
-                char name[32];
-                snprintf(name, sizeof(name), "kvidx-%d", i);
-                if (strcmp(si->Cluster->Leader, name) == 0 && c->node[i].pid > 0)
-                    leader = i;
-            }
-        jsStreamInfo_Destroy(si);
-        jsCtx_Destroy(js);
-        natsConnection_Destroy(nc);
-        if (leader >= 0 || fx_now_ms() >= deadline)
+        int leader = fx_stream_leader_once(c, stream, all_current);
+        if (leader >= 0)
             return leader;
+        if (fx_now_ms() >= deadline)
+            return -ETIMEDOUT;
         fx_pause();
     }
+}
+
+int kvi_nats_cluster_stream_leader(const struct kvi_nats_cluster *c, const char *stream, unsigned timeout_ms)
+{
+    return fx_stream_leader(c, stream, false, timeout_ms);
+}
+
+int kvi_nats_cluster_stream_current(const struct kvi_nats_cluster *c, const char *stream, unsigned timeout_ms)
+{
+    return fx_stream_leader(c, stream, true, timeout_ms);
 }
 
 void kvi_nats_cluster_stop(struct kvi_nats_cluster *c)

@@ -108,6 +108,13 @@ int kvi_nats_cluster_restart(struct kvi_nats_cluster *c, int i, unsigned timeout
  */
 int kvi_nats_cluster_stream_leader(const struct kvi_nats_cluster *c, const char *stream, unsigned timeout_ms);
 
+/**
+ * As kvi_nats_cluster_stream_leader, but only once every other node is a
+ * current replica of @p stream (a restarted node has caught up), so that
+ * one more node may go. @return the leader's index or a negative errno.
+ */
+int kvi_nats_cluster_stream_current(const struct kvi_nats_cluster *c, const char *stream, unsigned timeout_ms);
+
 /** Stop every node and remove their directories. Idempotent. */
 void kvi_nats_cluster_stop(struct kvi_nats_cluster *c);
 
