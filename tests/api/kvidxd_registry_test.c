@@ -252,6 +252,19 @@ static void test_conductor_registrations(void **state)
     assert_true(kfx_get_has(&a, "/global_view", 200, "\"context_count\":0"));
     kfx_expect(&a, "/unregister", "{\"instance_id\":\"node-a\",\"dp_rank\":0}", 404, NULL);
 
+    /* a Mooncake storage master without an instance id (named by its endpoint) travels too */
+    kfx_expect(&a, "/register",
+               "{\"endpoint\":\"tcp://127.0.0.1:95\",\"type\":\"mooncake\",\"modelname\":\"cm\",\"block_size\":4,"
+               "\"dp_rank\":0}",
+               200, NULL);
+    if (!KFX_WAIT(services_has(&b, "\"Type\":\"Mooncake\",\"ModelName\":\"cm\",\"LoraName\":\"\",\"TenantID\":"
+                                   "\"default\",\"InstanceID\":\"tcp://127.0.0.1:95\""),
+                  KFX_WAIT_MS))
+        fail_msg("the Mooncake registration through A never reached B");
+    kfx_expect(&b, "/unregister", "{\"instance_id\":\"tcp://127.0.0.1:95\",\"dp_rank\":0}", 200, NULL);
+    if (!KFX_WAIT(!services_has(&a, "tcp://127.0.0.1:95"), KFX_WAIT_MS))
+        fail_msg("the Mooncake unregistration through B never reached A");
+
     /* racing pairs: one service key registered with other endpoints through A and B at once */
     for (int round = 0; round < 4; round++) {
         struct racer r[2] = {{&a, "", 0}, {&b, "", 0}};
