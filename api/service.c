@@ -396,8 +396,8 @@ void kvi_service_status(struct kvi_service *svc, struct kvi_status_view *out)
         kvi_nats_conn_info(n, &ci);
         out->nats_connected = ci.connected;
         bool caught_up = kvi_nats_ready(n, &out->nats_pending);
-        if (!caught_up && strcmp(reason, "ready") == 0)
-            reason = "nats_catching_up";
+        if (!caught_up && strcmp(reason, "ready") == 0) /* (no server answers: nothing is caught up) */
+            reason = ci.connected ? "nats_catching_up" : "nats_unreachable";
     }
     out->reason = reason;
     out->ready = strcmp(reason, "ready") == 0;

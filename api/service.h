@@ -345,13 +345,16 @@ int kvi_service_ctl_listener(struct kvi_service *svc, const struct kvi_dyn_liste
  * 400 (a name with a NUL included: invalid_value and the field), 429 text (a
  * new namespace past --max-models), 500 (logged; `Failed to subscribe: ...`
  * for a listener that failed while it was set up, which then stays
- * unregistered).
+ * unregistered); with --nats-registry also 400 invalid_registration (the key
+ * taken with other values through another replica meanwhile: undone here) and
+ * 503 (the bucket could not be written: undone here).
  */
 int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond_register *r,
                                   struct kvi_api_err *err);
 /**
  * POST /unregister, Conductor (§2.3). @param removed  receives the removed key
- * (strings point into @p r). @return 0, or -EINVAL with err (404).
+ * (strings point into @p r). @return 0, or -EINVAL with err (404; 503 with
+ * --nats-registry when the bucket's key could not be deleted: nothing changes).
  */
 int kvi_service_ctl_cond_unregister(struct kvi_service *svc, const struct kvi_cond_unregister *r,
                                     struct kvi_cond_key *removed, struct kvi_api_err *err);

@@ -13,6 +13,10 @@
  *   The encoders run on any thread and read the tables under `mu`
  *   (/services lists the Dynamo instances' ranks too); /global_view also
  *   reads the published roster in an RCU read section of its own.
+ *   With --nats-registry a /register is applied here first, then created in
+ *   the bucket (undone here when that fails), an /unregister deletes the key
+ *   first, and the bucket's changes come back through kvi_svc__cond_apply and
+ *   kvi_svc__cond_drop_key, on the control thread (api/service_registry.c).
  */
 #include "api/service_internal.h"
 
@@ -110,8 +114,11 @@ static struct kvi_ns *cond_ns(struct kvi_service *svc, const char *model, const 
     return ns;
 }
 
-int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond_register *r, struct kvi_api_err *err)
+/* Register here only (no registry write). *noop: this replica held the same registration already. */
+static int cond_register_local(struct kvi_service *svc, const struct kvi_cond_register *r, bool *noop,
+                               struct kvi_api_err *err)
 {
+    *noop = false;
     /* A Mooncake storage master may come without an instance id: it is named by its endpoint. */
     struct kvi_str inst = r->has_instance ? r->instance_id : r->endpoint;
     static const char *const names[] = {"modelname", "tenant_id", "instance_id", "lora_name"};
@@ -130,8 +137,10 @@ int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond
     }
     struct svc_cond *old = cond_find_key(svc, inst, r->tenant_id, r->dp_rank);
     if (old != NULL) {
-        if (cond_same(old, r))
+        if (cond_same(old, r)) {
+            *noop = true;
             return 0;
+        }
         return kvi_cond_err_conflict(err, inst, r->tenant_id, r->dp_rank);
     }
     for (size_t i = 0; i < svc->n_c; i++) {
@@ -232,12 +241,9 @@ fail:
     return rc;
 }
 
-int kvi_service_ctl_cond_unregister(struct kvi_service *svc, const struct kvi_cond_unregister *r,
-                                    struct kvi_cond_key *removed, struct kvi_api_err *err)
+/* Unregister @p c here only (no registry write): its listener closed, its blocks removed. */
+static void cond_drop(struct kvi_service *svc, struct svc_cond *c)
 {
-    struct svc_cond *c = cond_find_key(svc, r->instance_id, r->tenant_id, r->dp_rank);
-    if (c == NULL)
-        return kvi_cond_err_service_not_found(err, r->instance_id, r->tenant_id, r->dp_rank);
     struct kvi_listener_key key = {c->ns->ix, 0, c->instance, c->dp_rank};
     kvi_listeners_unregister(svc->listeners, &key);
     bool other_rank = false;
@@ -253,8 +259,64 @@ int kvi_service_ctl_cond_unregister(struct kvi_service *svc, const struct kvi_co
     kvi_svc__cond_view_publish(svc);
     kvi_svc__ns_ref(svc, ns, -1);
     kvi_svc__update_registered(svc);
+}
+
+int kvi_service_ctl_cond_register(struct kvi_service *svc, const struct kvi_cond_register *r, struct kvi_api_err *err)
+{
+    bool noop;
+    int rc = cond_register_local(svc, r, &noop, err);
+    if (rc != 0 || !kvi_svc__registry_on(svc))
+        return rc;
+    /* shared with the fleet (api/service_registry.c): created only if its key holds no value */
+    int prc = kvi_svc__registry_put_cond(svc, r);
+    if (prc == 0 || (prc == -EEXIST && noop))
+        return 0; /* (an identical re-registration finds its own key: a no-op, as without a registry) */
+    struct kvi_str inst = r->has_instance ? r->instance_id : r->endpoint;
+    if (!noop) {
+        /* not shared: undone here too, so every replica agrees */
+        struct svc_cond *c = cond_find_key(svc, inst, r->tenant_id, r->dp_rank);
+        if (c != NULL)
+            cond_drop(svc, c);
+    }
+    if (prc == -EEXIST) /* registered with other values through another replica meanwhile */
+        return kvi_cond_err_conflict(err, inst, r->tenant_id, r->dp_rank);
+    return kvi_dyn_err_nats(err, 503, "the registration could not be stored in the --nats-registry bucket "
+                                      "(NATS unreachable?); nothing was registered");
+}
+
+int kvi_service_ctl_cond_unregister(struct kvi_service *svc, const struct kvi_cond_unregister *r,
+                                    struct kvi_cond_key *removed, struct kvi_api_err *err)
+{
+    struct svc_cond *c = cond_find_key(svc, r->instance_id, r->tenant_id, r->dp_rank);
+    if (c == NULL)
+        return kvi_cond_err_service_not_found(err, r->instance_id, r->tenant_id, r->dp_rank);
+    /* the fleet's key goes first: a failure changes nothing anywhere (api/service_registry.c) */
+    if (kvi_svc__registry_on(svc) && kvi_svc__registry_del_cond(svc, r->instance_id, r->tenant_id, r->dp_rank) != 0)
+        return kvi_dyn_err_nats(err, 503, "the unregistration could not be stored in the --nats-registry bucket "
+                                          "(NATS unreachable?)");
+    cond_drop(svc, c);
     *removed = (struct kvi_cond_key){r->instance_id, r->tenant_id, r->dp_rank};
     return 0;
+}
+
+int kvi_svc__cond_apply(struct kvi_service *svc, const struct kvi_cond_register *r, struct kvi_api_err *err)
+{
+    struct kvi_str inst = r->has_instance ? r->instance_id : r->endpoint;
+    struct svc_cond *old = cond_find_key(svc, inst, r->tenant_id, r->dp_rank);
+    if (old != NULL && !cond_same(old, r)) {
+        kvi_log_info("nats registry: service %s|%s|%" PRIu32 " re-registered elsewhere with other values", old->instance,
+                     old->tenant, old->dp_rank);
+        cond_drop(svc, old);
+    }
+    bool noop;
+    return cond_register_local(svc, r, &noop, err);
+}
+
+void kvi_svc__cond_drop_key(struct kvi_service *svc, struct kvi_str inst, struct kvi_str tenant, uint32_t rank)
+{
+    struct svc_cond *c = cond_find_key(svc, inst, tenant, rank);
+    if (c != NULL)
+        cond_drop(svc, c);
 }
 
 static void hp_view(const struct svc_cond *c, struct kvi_hash_profile *hp)

@@ -326,6 +326,18 @@ int kvi_svc__registry_del_dyn(struct kvi_service *svc, struct kvi_str model, str
 /** The endpoint this replica holds for (instance, rank) in (model, tenant), or NULL. Control thread. */
 const char *kvi_svc__dyn_held(struct kvi_service *svc, uint64_t id, struct kvi_str model, struct kvi_str tenant,
                               uint32_t rank);
+/** Store a Conductor registration as accepted, if its key holds no value. Control thread.
+ * @return 0, -EEXIST (the service key is registered through another replica), or a negative errno. */
+int kvi_svc__registry_put_cond(struct kvi_service *svc, const struct kvi_cond_register *r);
+/** Delete one Conductor service key's (instance|tenant|rank) key. Control thread. @return 0 or a negative errno. */
+int kvi_svc__registry_del_cond(struct kvi_service *svc, struct kvi_str inst, struct kvi_str tenant, uint32_t rank);
+/** Apply a Conductor registration read from the registry here, without writing it back: a held one with
+ * other values is replaced, an identical one left as it is. Control thread. @return 0 or as
+ * kvi_service_ctl_cond_register (err filled). */
+int kvi_svc__cond_apply(struct kvi_service *svc, const struct kvi_cond_register *r, struct kvi_api_err *err);
+/** Drop the Conductor service key (instance|tenant|rank) here, without touching the registry (no-op when
+ * not held). Control thread. */
+void kvi_svc__cond_drop_key(struct kvi_service *svc, struct kvi_str inst, struct kvi_str tenant, uint32_t rank);
 /** Store a NATS source added through POST /nats/sources. Control thread. @return 0 or a negative errno. */
 int kvi_svc__registry_put_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r);
 /** Add a NATS source (POST /nats/sources, or @p from_registry: one another replica stored, not written

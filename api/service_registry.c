@@ -1,6 +1,6 @@
 /*
  * Registrations shared by a fleet (--nats-registry BUCKET, issue 21 §1):
- * every Dynamo /register and /unregister a replica accepts is written to a
+ * every /register and /unregister of either dialect a replica accepts is written to a
  * JetStream Key-Value bucket (net/nats_kv.h), and every replica applies
  * what the bucket holds, so a registration made through any replica opens
  * listeners on all of them.
@@ -16,20 +16,35 @@
  *   registration as it was accepted, as JSON: instance_id, endpoint,
  *   model_name, tenant_id, block_size, dp_rank, and replay_endpoint when
  *   given.
+ *   One key per Conductor service key (instance|tenant|rank, http-api.md
+ *   §2.2; the model is in the value): `cond.<hex instance>.<hex
+ *   tenant>.<dp_rank>`, the instance being the endpoint for a Mooncake
+ *   master registered without an instance_id. The value is the registration
+ *   as accepted, as a Conductor /register JSON body: endpoint, type (its
+ *   canonical spelling), modelname, tenant_id, block_size, dp_rank, and when
+ *   given instance_id, replay_endpoint, lora_name, additionalsalt,
+ *   cache_group (0) and hash_profile (its five members, "" when absent).
  *
  * ORDER OF THINGS
  *   /register: validated and applied here first (the same 400 / 409 / 503
  *   rules as without a registry), then created in the bucket only if its key
  *   holds no value (the bucket's revision check), so of two replicas racing
  *   to register one rank, one wins and the other undoes its local
- *   registration and answers 409 as for a rank taken; a store that fails
- *   otherwise undoes it and answers 503. /unregister: the
+ *   registration and answers 409 as for a rank taken (Conductor: 400
+ *   invalid_registration, its answer for a service key registered with other
+ *   values; an identical re-registration finding its own key is the no-op it
+ *   is without a registry); a store that fails
+ *   otherwise undoes it and answers 503. /unregister (both dialects): the
  *   keys are deleted first (a failure answers 503 and changes nothing),
  *   then the registration goes here. Every change the bucket reports
  *   (the current values at start-up first) is applied on the control
  *   thread: a value this replica holds already is left as it is (so its own
- *   writes come back as no-ops), another endpoint for a held rank replaces
- *   it, a delete drops the rank. The listeners' gate opens only once the
+ *   writes come back as no-ops), another endpoint for a held rank (other
+ *   values for a held Conductor service key) replaces it, a delete drops the
+ *   rank (the service key).
+ *   Not ordered across keys: two Conductor keys racing for one endpoint are
+ *   both stored, and a replica that holds one refuses the other (logged:
+ *   "conflicting active registration for endpoint"). The listeners' gate opens only once the
  *   bucket's current values are applied, and /ready says
  *   `registry_loading` until then.
  *
@@ -73,6 +88,19 @@ static bool dyn_key(char *out, struct kvi_str model, struct kvi_str tenant, uint
     return true;
 }
 
+/* `cond.<hex instance>.<hex tenant>.<rank>` into out (KEY_MAX). @return false when too long. */
+static bool cond_key(char *out, struct kvi_str inst, struct kvi_str tenant, uint32_t rank)
+{
+    if (5 + 2 * inst.len + 1 + 2 * tenant.len + 24 > KEY_MAX)
+        return false;
+    memcpy(out, "cond.", 5);
+    char *k = hex_put(out + 5, inst);
+    *k++ = '.';
+    k = hex_put(k, tenant);
+    snprintf(k, KEY_MAX - (size_t)(k - out), ".%" PRIu32, rank);
+    return true;
+}
+
 bool kvi_svc__registry_on(const struct kvi_service *svc) { return svc->registry != NULL; /* control thread */ }
 
 int kvi_svc__registry_put_dyn(struct kvi_service *svc, const struct kvi_dyn_register *r)
@@ -112,6 +140,73 @@ int kvi_svc__registry_del_dyn(struct kvi_service *svc, struct kvi_str model, str
 {
     char key[KEY_MAX];
     if (!dyn_key(key, model, tenant, id, rank))
+        return -EINVAL;
+    return kvi_nats_kv_delete(svc->registry, key);
+}
+
+int kvi_svc__registry_put_cond(struct kvi_service *svc, const struct kvi_cond_register *r)
+{
+    struct kvi_str inst = r->has_instance ? r->instance_id : r->endpoint;
+    char key[KEY_MAX];
+    if (!cond_key(key, inst, r->tenant_id, r->dp_rank))
+        return -EINVAL;
+    struct kvi_buf b;
+    kvi_buf_init(&b);
+    struct kvi_wr w;
+    kvi_wr_init(&w, &b, KVI_ENC_JSON);
+    kvi_wr_obj(&w, 6 + r->has_instance + (r->replay_endpoint.len > 0) + (r->lora_name.len > 0) +
+                       (r->additional_salt.len > 0) + r->has_cache_group + r->has_hash_profile);
+    kvi_wr_keyz(&w, "endpoint");
+    kvi_wr_str(&w, r->endpoint.p, r->endpoint.len);
+    kvi_wr_keyz(&w, "type");
+    kvi_wr_strz(&w, kvi_cond_type_name(r->type));
+    kvi_wr_keyz(&w, "modelname");
+    kvi_wr_str(&w, r->model_name.p, r->model_name.len);
+    kvi_wr_keyz(&w, "tenant_id");
+    kvi_wr_str(&w, r->tenant_id.p, r->tenant_id.len);
+    kvi_wr_keyz(&w, "block_size");
+    kvi_wr_u64(&w, r->block_size);
+    kvi_wr_keyz(&w, "dp_rank");
+    kvi_wr_u64(&w, r->dp_rank);
+    const struct {
+        const char *name;
+        struct kvi_str v;
+    } opt[] = {{"instance_id", r->has_instance ? r->instance_id : (struct kvi_str){"", 0}},
+               {"replay_endpoint", r->replay_endpoint},
+               {"lora_name", r->lora_name},
+               {"additionalsalt", r->additional_salt}};
+    for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++)
+        if (opt[i].v.len > 0) {
+            kvi_wr_keyz(&w, opt[i].name);
+            kvi_wr_str(&w, opt[i].v.p, opt[i].v.len);
+        }
+    if (r->has_cache_group) {
+        kvi_wr_keyz(&w, "cache_group");
+        kvi_wr_u64(&w, 0);
+    }
+    if (r->has_hash_profile) {
+        const struct kvi_hash_profile *hp = &r->hash_profile;
+        const char *names[] = {"strategy", "algorithm", "python_hash_seed", "root_digest", "index_projection"};
+        const struct kvi_str vals[] = {hp->strategy, hp->algorithm, hp->python_hash_seed, hp->root_digest,
+                                       hp->index_projection};
+        kvi_wr_keyz(&w, "hash_profile");
+        kvi_wr_obj(&w, 5);
+        for (size_t i = 0; i < 5; i++) {
+            kvi_wr_keyz(&w, names[i]);
+            kvi_wr_str(&w, vals[i].p != NULL ? vals[i].p : "", vals[i].len);
+        }
+        kvi_wr_end(&w);
+    }
+    kvi_wr_end(&w);
+    int rc = kvi_buf_ok(&b) ? kvi_nats_kv_create(svc->registry, key, b.data, b.len) : -ENOMEM;
+    kvi_buf_free(&b);
+    return rc;
+}
+
+int kvi_svc__registry_del_cond(struct kvi_service *svc, struct kvi_str inst, struct kvi_str tenant, uint32_t rank)
+{
+    char key[KEY_MAX];
+    if (!cond_key(key, inst, tenant, rank))
         return -EINVAL;
     return kvi_nats_kv_delete(svc->registry, key);
 }
@@ -193,35 +288,76 @@ static int hexval(char c)
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-/* Decode `dyn.<hex>.<hex>.<id>.<rank>`: the names into m and t (NUL-terminated). */
-static bool parse_key(const char *key, char *m, char *t, uint64_t *id, uint32_t *rank)
+/* Decode two hex names ending in '.' from *p into a and b (KEY_MAX / 2 each, NUL-terminated); *p moves
+ * past them. @return false when malformed. */
+static bool parse_names(const char **p, char *a, char *b)
 {
-    if (strncmp(key, "dyn.", 4) != 0)
-        return false;
-    const char *p = key + 4;
-    char *outs[2] = {m, t};
+    char *outs[2] = {a, b};
     for (int f = 0; f < 2; f++) {
         size_t k = 0;
-        while (*p != '.') {
-            int hi = hexval(p[0]), lo = hi < 0 ? -1 : hexval(p[1]);
+        while (**p != '.') {
+            int hi = hexval((*p)[0]), lo = hi < 0 ? -1 : hexval((*p)[1]);
             if (lo < 0 || k + 1 >= KEY_MAX / 2)
                 return false;
             outs[f][k++] = (char)(hi << 4 | lo);
-            p += 2;
+            *p += 2;
         }
         outs[f][k] = '\0';
-        p++;
+        (*p)++;
     }
+    return true;
+}
+
+/* A decimal rank ending the key. */
+static bool parse_rank(const char *p, uint32_t *rank)
+{
     char *end;
-    unsigned long long v = strtoull(p, &end, 10);
-    if (*end != '.')
+    unsigned long r = strtoul(p, &end, 10);
+    if (end == p || *end != '\0' || r > UINT32_MAX)
         return false;
-    unsigned long r = strtoul(end + 1, &end, 10);
-    if (*end != '\0' || r > UINT32_MAX)
-        return false;
-    *id = v;
     *rank = (uint32_t)r;
     return true;
+}
+
+/* Decode `dyn.<hex>.<hex>.<id>.<rank>`: the names into m and t (NUL-terminated). */
+static bool parse_key(const char *key, char *m, char *t, uint64_t *id, uint32_t *rank)
+{
+    const char *p = key + 4;
+    if (strncmp(key, "dyn.", 4) != 0 || !parse_names(&p, m, t))
+        return false;
+    char *end;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (*end != '.' || !parse_rank(end + 1, rank))
+        return false;
+    *id = v;
+    return true;
+}
+
+/* A change of a `cond.<hex instance>.<hex tenant>.<rank>` key: applied here, never written back. */
+static void apply_cond(struct kvi_service *svc, const struct reg_change *c)
+{
+    char inst[KEY_MAX / 2], t[KEY_MAX / 2];
+    uint32_t rank;
+    const char *p = c->key + 5;
+    if (!parse_names(&p, inst, t) || !parse_rank(p, &rank)) {
+        kvi_log_warn("nats registry: key %s is not a kvidx registration: ignored", c->key);
+        return;
+    }
+    struct kvi_str is = {inst, strlen(inst)}, ts = {t, strlen(t)};
+    if (c->op == KVI_KV_DELETE) {
+        kvi_svc__cond_drop_key(svc, is, ts, rank);
+        return;
+    }
+    struct kvi_scratch s;
+    kvi_scratch_init(&s);
+    struct kvi_cond_register r;
+    struct kvi_api_err err;
+    if (kvi_cond_parse_register(c->value, c->len, KVI_CT_JSON, &s, &r, &err) != 0 || r.dp_rank != rank ||
+        !kvi_str_eq(r.has_instance ? r.instance_id : r.endpoint, inst) || !kvi_str_eq(r.tenant_id, t))
+        kvi_log_warn("nats registry: value of %s is not the registration its key names: ignored", c->key);
+    else if (kvi_svc__cond_apply(svc, &r, &err) != 0)
+        kvi_log_warn("nats registry: service %s|%s|%" PRIu32 " not applied here: %s", inst, t, rank, err.msg);
+    kvi_scratch_free(&s);
 }
 
 static void apply_change(struct kvi_service *svc, void *arg)
@@ -233,6 +369,10 @@ static void apply_change(struct kvi_service *svc, void *arg)
     if (strncmp(c->key, "nats.", 5) == 0) {
         if (c->op == KVI_KV_PUT)
             apply_source(svc, c->key, c->value, c->len);
+        goto out;
+    }
+    if (strncmp(c->key, "cond.", 5) == 0) {
+        apply_cond(svc, c);
         goto out;
     }
     if (!parse_key(c->key, m, t, &id, &rank)) {

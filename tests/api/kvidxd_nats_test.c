@@ -10,7 +10,10 @@
  *     durable name (the consumer reads the stream whole again: /dump equals
  *     the model, pending reaches 0, /ready answers 200);
  *   - JetStream: nats-server stopped and restarted mid-stream (file
- *     storage): nothing lost.
+ *     storage): nothing lost;
+ *   - JetStream: no server answers when kvidxd starts: it serves what it
+ *     holds (/health, a ZMQ engine's queries), /ready says nats_unreachable,
+ *     and it converges (/dump equals the model) once the server is back.
  * Waits are bounded polls of kvidxd's own counters (no sleep is a
  * synchronisation); checks run on the main thread only.
  */
@@ -30,34 +33,10 @@
 #include <unistd.h>
 
 #include "api/kvidxd_fixture.h"
+#include "api/kvidxd_model.h"
 #include "net/nats_server_fixture.h"
 
-#define MAX_HELD 64
 #define CHAIN_LEN 6
-
-/* ---- the model: which blocks of which chain each (worker, rank) holds (always a prefix) ---- */
-
-struct held {
-    uint64_t w;
-    uint32_t r;
-    uint32_t c;
-    uint32_t n; /* blocks 0..n-1 of chain c */
-};
-
-struct model {
-    struct held h[MAX_HELD];
-    size_t n;
-};
-
-static struct held *held_of(struct model *m, uint64_t w, uint32_t r, uint32_t c)
-{
-    for (size_t i = 0; i < m->n; i++)
-        if (m->h[i].w == w && m->h[i].r == r && m->h[i].c == c)
-            return &m->h[i];
-    assert_true(m->n < MAX_HELD);
-    m->h[m->n] = (struct held){w, r, c, 0};
-    return &m->h[m->n++];
-}
 
 /* ---- publishers ------------------------------------------------------------------------------ */
 
@@ -201,72 +180,6 @@ static void check_query(const struct kfx_daemon *d, const struct model *m, const
     msgpack_unpacked_destroy(&u);
     kfx_resp_free(&r);
     msgpack_sbuffer_destroy(&sb);
-}
-
-struct dump_row {
-    uint64_t w, h, t;
-    uint32_t r;
-};
-
-static int row_cmp(const void *a, const void *b)
-{
-    const struct dump_row *x = a, *y = b;
-    if (x->w != y->w)
-        return x->w < y->w ? -1 : 1;
-    if (x->r != y->r)
-        return x->r < y->r ? -1 : 1;
-    return x->h < y->h ? -1 : x->h > y->h;
-}
-
-/* Scan /dump's JSON: each event's worker_id and dp_rank, then its blocks' block_hash and tokens_hash. */
-static size_t dump_rows(const char *body, const char *ns_key, struct dump_row *out, size_t cap)
-{
-    const char *p = strstr(body, ns_key);
-    assert_non_null(p);
-    const char *end = strstr(p + 1, "\"block_size\""); /* the next namespace, if any */
-    const char *next_ns = end != NULL ? strstr(end + 1, "\"block_size\"") : NULL;
-    size_t n = 0;
-    uint64_t w = 0;
-    uint32_t r = 0;
-    while ((p = strchr(p + 1, '"')) != NULL && (next_ns == NULL || p < next_ns)) {
-        if (strncmp(p, "\"worker_id\":", 12) == 0)
-            w = strtoull(p + 12, NULL, 10);
-        else if (strncmp(p, "\"dp_rank\":", 10) == 0)
-            r = (uint32_t)strtoul(p + 10, NULL, 10);
-        else if (strncmp(p, "\"block_hash\":", 13) == 0) {
-            assert_true(n < cap);
-            out[n].w = w;
-            out[n].r = r;
-            out[n].h = strtoull(p + 13, NULL, 10);
-            const char *t = strstr(p, "\"tokens_hash\":");
-            assert_non_null(t);
-            out[n].t = strtoull(t + 14, NULL, 10);
-            n++;
-        }
-    }
-    return n;
-}
-
-/* /dump of the namespace equals the model: the same (worker, rank, block, content) rows. */
-static void check_dump(const struct kfx_daemon *d, const struct model *m, const char *ns_key)
-{
-    struct kfx_resp r;
-    assert_int_equal(kfx_get(d, "/dump", &r), 200);
-    struct dump_row got[512], want[512];
-    size_t ng = dump_rows(r.body, ns_key, got, 512), nw = 0;
-    for (size_t i = 0; i < m->n; i++)
-        for (uint32_t b = 0; b < m->h[i].n; b++) {
-            assert_true(nw < 512);
-            want[nw++] = (struct dump_row){m->h[i].w, kfx_hash(m->h[i].c, b), kfx_content(m->h[i].c, b), m->h[i].r};
-        }
-    qsort(got, ng, sizeof *got, row_cmp);
-    qsort(want, nw, sizeof *want, row_cmp);
-    bool same = ng == nw;
-    for (size_t i = 0; i < ng && same; i++)
-        same = got[i].w == want[i].w && got[i].r == want[i].r && got[i].h == want[i].h && got[i].t == want[i].t;
-    if (!same)
-        fail_msg("/dump has %zu blocks, model %zu (or they differ); dump: %.2000s", ng, nw, r.body);
-    kfx_resp_free(&r);
 }
 
 /* How many (worker, rank) score block 0 of chain c (-1 on an error). */
@@ -474,6 +387,72 @@ static void test_jetstream_restarts(void **state)
     kvi_nats_server_stop(&ns);
 }
 
+/* ---- NATS unreachable at start-up ---------------------------------------------------------- */
+
+/* kvidxd started with a stream source while no NATS server answers: it serves what it holds (a ZMQ
+ * engine's blocks), /ready says nats_unreachable, and once the server is back it reads the stream
+ * whole and its /dump equals the model. */
+static void test_nats_down_at_start(void **state)
+{
+    (void)state;
+    struct kvi_nats_server ns;
+    assert_int_equal(kvi_nats_server_start(&ns, 10000), 0);
+    const char *stream = "down-at-start";
+    struct model m = {0};
+    struct npub p[2];
+    for (int i = 0; i < 2; i++)
+        p[i] = npub_open(KVIDX_PUB_TRANSPORT_NATS_JETSTREAM, ns.url, NULL, stream, 41 + (uint64_t)i, 0);
+    pub_store(&p[0], &m, 0, 0, 4);
+    pub_store(&p[1], &m, 1, 0, 3);
+    for (int i = 0; i < 2; i++)
+        kvidx_pub_destroy(p[i].p);
+    kvi_nats_server_pause(&ns); /* (its store, with the stream, stays) */
+
+    char source[256];
+    snprintf(source, sizeof source, "%s=m:t@%d", stream, KFX_BS);
+    const char *args[] = {"--nats", ns.url, "--nats-stream", source, "--nats-durable", "kvidx-down", NULL};
+    struct kfx_daemon d;
+    kfx_start(&d, args, NULL);
+    assert_true(kfx_get_has(&d, "/health", 200, NULL));
+    if (!KFX_WAIT(kfx_get_has(&d, "/ready", 503, "\"reason\":\"nats_unreachable\""), KFX_WAIT_MS)) {
+        kfx_dump_log(&d);
+        fail_msg("/ready never said nats_unreachable");
+    }
+    assert_true(kfx_get_has(&d, "/status", 200, "\"nats\":{\"connected\":false"));
+    /* it serves what it holds: a ZMQ engine registered meanwhile is indexed and queried */
+    struct kvidx_pub *z = kfx_pub(0);
+    char body[512];
+    snprintf(body, sizeof body, "{\"instance_id\":5,\"endpoint\":\"%s\",\"replay_endpoint\":\"%s\",\"model_name\":\"z\","
+             "\"block_size\":%d}", kvidx_pub_endpoint(z), kvidx_pub_replay_endpoint(z), KFX_BS);
+    kfx_expect(&d, "/register", body, 201, NULL);
+    kfx_publish(z, 0, 0, 3, NULL);
+    char *q = kfx_query_json("z", 0, 3);
+    kfx_until_query(&d, "/query", q, "\"scores\":{\"5\":{\"0\":12}}", &z, 1);
+    assert_true(kfx_get_has(&d, "/ready", 503, "\"reason\":\"nats_unreachable\""));
+
+    /* NATS back: the stream is read whole, and new events follow */
+    assert_int_equal(kvi_nats_server_resume(&ns), 0);
+    if (!KFX_WAIT(kfx_get_has(&d, "/ready", 200, "\"ready\":true"), KFX_WAIT_MS)) {
+        kfx_dump_log(&d);
+        kvi_nats_server_dump_log(&ns);
+        fail_msg("kvidxd never caught up once NATS came back");
+    }
+    for (int i = 0; i < 2; i++)
+        p[i] = npub_open(KVIDX_PUB_TRANSPORT_NATS_JETSTREAM, ns.url, NULL, stream, 41 + (uint64_t)i, 0);
+    pub_store(&p[0], &m, 0, 4, 6);
+    pub_remove(&p[1], &m, 1, 1);
+    wait_metric(&d, metric("kvidx_nats_acked_total", stream, "m:t"), 4);
+    check_model(&d, &m, "m", "t", 2);
+    kfx_until_query(&d, "/query", q, "\"scores\":{\"5\":{\"0\":12}}", &z, 1);
+
+    free(q);
+    kvidx_pub_destroy(z);
+    for (int i = 0; i < 2; i++)
+        kvidx_pub_destroy(p[i].p);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+    kvi_nats_server_stop(&ns);
+}
+
 /* ---- POST /nats/sources ---------------------------------------------------------------------- */
 
 static void test_sources_route(void **state)
@@ -528,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_core),
         cmocka_unit_test(test_jetstream_restarts),
         cmocka_unit_test(test_sources_route),
+        cmocka_unit_test(test_nats_down_at_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
