@@ -1,10 +1,21 @@
 /*
- * --zmq-bind: engines that connect to kvidx, the llm-d convention. Every
- * vLLM pod's publisher connects to tcp://<indexer>:<port> with the topic
- * kv@<pod-id>@<model-name>; nobody registers the pods.
+ * --zmq-bind and POST /zmq/bind: engines that connect to kvidx, the llm-d
+ * convention. Every vLLM pod's publisher connects to tcp://<indexer>:<port>
+ * with the topic kv@<pod-id>@<model-name>; nobody registers the pods.
  *
  * DESIGN (the whole service: api/service.h)
- *   Each --zmq-bind endpoint is an open bind endpoint of the listener pool
+ *   Endpoints. svc->zb holds every endpoint ever opened (at most
+ *   KVI_SVC_MAX_ZBINDS, freed at destroy only, so a pointer to one stays
+ *   valid: the listener thread's ctx, posted jobs, pods): the flag's, bound
+ *   at startup, and those of POST /zmq/bind (control thread). POST
+ *   /zmq/unbind (control thread) clears zb->open (under svc->mu and zb->mu:
+ *   zb_unknown takes no new pod, pod_add drops the posted ones), forgets
+ *   its pods (unregistered, blocks removed) and closes the listener pool's
+ *   endpoint (kvi_listeners_bind_close: no on_unknown call after it, held
+ *   messages dropped, the port released). A closed endpoint is reopened in
+ *   place.
+ *
+ *   Each open endpoint is an open bind endpoint of the listener pool
  *   (net/listener.h kvi_listeners_bind_open), subscribed to "kv@". A message
  *   whose topic no registration matches reaches zb_unknown on the endpoint's
  *   listener thread, which checks the topic's shape and the per-endpoint pod
@@ -47,9 +58,10 @@
 struct svc_zbind {
     struct kvi_service *svc;
     char *endpoint;
+    bool from_flag;           /* --zmq-bind (else POST /zmq/bind): control thread, read under svc->mu */
+    bool open;                /* bound and taking pods: written under svc->mu and mu, read under either */
+    pthread_mutex_t mu;       /* topics, block_size, open */
     uint32_t block_size;      /* 0 = learnt per model */
-    bool open;
-    pthread_mutex_t mu;       /* topics */
     char **topics;            /* pods registered or about to be, by topic */
     size_t n_topics, cap_topics;
     struct kvi_decoder *dec;  /* zb_unknown (the endpoint's listener thread) only */
@@ -141,7 +153,9 @@ static bool zb_unknown(void *ctx, const char *endpoint, const void *topic, size_
     pthread_mutex_lock(&zb->mu);
     bool known = topic_find_locked(zb, topic, len, NULL);
     bool ok = known;
-    if (!known && zb->n_topics >= max) {
+    if (!zb->open) {
+        ok = false; /* being closed (POST /zmq/unbind): no new pod */
+    } else if (!known && zb->n_topics >= max) {
         kvi_relaxed_add(&zb->refused, 1);
     } else if (!known) {
         uint32_t bs = zb->block_size ? zb->block_size : first_block_size(zb->dec, payload, plen);
@@ -181,6 +195,10 @@ static void pod_add(struct kvi_service *svc, void *arg)
     struct svc_zbind *zb = j->zb;
     char topic[KVI_LISTEN_NAME_MAX];
     snprintf(topic, sizeof topic, ZB_PREFIX "%s@%s", j->pod, j->model);
+    if (!zb->open) { /* closed after zb_unknown posted this (its topics were cleared) */
+        free(j);
+        return;
+    }
     bool created;
     struct kvi_ns *ns = kvi_svc__ns_get(svc, j->model, ZB_TENANT, j->block_size, &created);
     int64_t dense = -ENOMEM;
@@ -223,7 +241,7 @@ static void pod_add(struct kvi_service *svc, void *arg)
     free(j);
 }
 
-/* Unregister pod i, remove its blocks and forget it. */
+/* Unregister pod i, remove its blocks and forget it: idle for @p idle_s seconds, or (0) its endpoint closes. */
 static void pod_forget(struct kvi_service *svc, size_t i, uint64_t idle_s)
 {
     struct svc_zpod p = svc->zp[i];
@@ -237,9 +255,14 @@ static void pod_forget(struct kvi_service *svc, size_t i, uint64_t idle_s)
     pthread_mutex_lock(&svc->mu);
     svc->zp[i] = svc->zp[--svc->n_zp];
     pthread_mutex_unlock(&svc->mu);
-    kvi_log_info("zmq-bind %s: pod %s of model %s forgotten: no message for %" PRIu64 " s, its blocks dropped",
-                 p.zb->endpoint, p.pod, p.ns->model, idle_s);
-    kvi_relaxed_add(&svc->zb_forgotten, 1);
+    if (idle_s > 0) {
+        kvi_log_info("zmq-bind %s: pod %s of model %s forgotten: no message for %" PRIu64 " s, its blocks dropped",
+                     p.zb->endpoint, p.pod, p.ns->model, idle_s);
+        kvi_relaxed_add(&svc->zb_forgotten, 1);
+    } else {
+        kvi_log_info("zmq-bind %s: pod %s of model %s unregistered with its endpoint, its blocks dropped",
+                     p.zb->endpoint, p.pod, p.ns->model);
+    }
     kvi_svc__ns_ref(svc, p.ns, -1);
     free(p.pod);
     free(p.topic);
@@ -272,43 +295,162 @@ uint64_t kvi_svc__zbind_sweep(struct kvi_service *svc)
     return period;
 }
 
-/* ---- set-up and teardown ---------------------------------------------------------------------- */
+/* ---- endpoints: set-up, POST /zmq/bind and /zmq/unbind, teardown ----------------------------- */
+
+/* A new endpoint slot (closed), added under svc->mu. NULL when KVI_SVC_MAX_ZBINDS are known. */
+static struct svc_zbind *zb_add(struct kvi_service *svc, const char *endpoint, uint32_t block_size, bool from_flag)
+{
+    if (svc->n_zb == KVI_SVC_MAX_ZBINDS)
+        return NULL;
+    struct svc_zbind *zb = kvi_xcalloc(1, sizeof *zb);
+    zb->svc = svc;
+    zb->endpoint = xstrdup(endpoint);
+    zb->block_size = block_size;
+    zb->from_flag = from_flag;
+    pthread_mutex_init(&zb->mu, NULL);
+    pthread_mutex_lock(&svc->mu);
+    svc->zb[svc->n_zb++] = zb;
+    pthread_mutex_unlock(&svc->mu);
+    return zb;
+}
+
+static void zb_set_open(struct svc_zbind *zb, bool open)
+{
+    pthread_mutex_lock(&zb->svc->mu);
+    pthread_mutex_lock(&zb->mu);
+    zb->open = open;
+    pthread_mutex_unlock(&zb->mu);
+    pthread_mutex_unlock(&zb->svc->mu);
+}
+
+/* Bind closed endpoint @p zb with @p block_size. Control thread. @return 0 or -errno (logged). */
+static int zb_bind(struct kvi_service *svc, struct svc_zbind *zb, uint32_t block_size)
+{
+    if (zb->dec == NULL && (zb->dec = kvi_decoder_create()) == NULL) {
+        kvi_log_error("zmq-bind %s: out of memory: not bound", zb->endpoint);
+        return -ENOMEM;
+    }
+    pthread_mutex_lock(&zb->mu);
+    zb->block_size = block_size;
+    pthread_mutex_unlock(&zb->mu);
+    struct kvi_listener_bind_spec bs = {
+        .endpoint = zb->endpoint, .prefix = ZB_PREFIX, .on_unknown = zb_unknown, .ctx = zb};
+    zb_set_open(zb, true); /* before the first on_unknown */
+    int rc = kvi_listeners_bind_open(svc->listeners, &bs);
+    if (rc != 0) {
+        zb_set_open(zb, false);
+        kvi_log_error("zmq-bind %s: cannot bind: %s", zb->endpoint, rc == -EINVAL ? "invalid endpoint"
+                                                                                 : zmq_strerror(-rc));
+        return rc;
+    }
+    kvi_log_info("zmq-bind %s: bound, waiting for engines (topic kv@<pod-id>@<model-name>)", zb->endpoint);
+    return 0;
+}
 
 void kvi_svc__zbind_init(struct kvi_service *svc)
 {
-    svc->n_zb = svc->cfg.n_zbinds;
-    svc->zb = svc->n_zb ? kvi_xcalloc(svc->n_zb, sizeof *svc->zb) : NULL;
-    for (size_t i = 0; i < svc->n_zb; i++) {
-        struct svc_zbind *zb = &svc->zb[i];
-        zb->svc = svc;
-        zb->endpoint = xstrdup(svc->cfg.zbinds[i].endpoint);
-        zb->block_size = svc->cfg.zbinds[i].block_size;
-        pthread_mutex_init(&zb->mu, NULL);
-    }
+    for (size_t i = 0; i < svc->cfg.n_zbinds && i < KVI_SVC_MAX_ZBINDS; i++)
+        (void)zb_add(svc, svc->cfg.zbinds[i].endpoint, svc->cfg.zbinds[i].block_size, true);
     svc->cfg.zbinds = NULL; /* not kept: the copies above are */
 }
 
 void kvi_svc__zbind_start(struct kvi_service *svc)
 {
-    for (size_t i = 0; i < svc->n_zb; i++) {
-        struct svc_zbind *zb = &svc->zb[i];
-        zb->dec = kvi_decoder_create();
-        if (zb->dec == NULL) {
-            kvi_log_error("zmq-bind %s: out of memory: not bound", zb->endpoint);
-            continue;
-        }
-        struct kvi_listener_bind_spec bs = {
-            .endpoint = zb->endpoint, .prefix = ZB_PREFIX, .on_unknown = zb_unknown, .ctx = zb};
-        int rc = kvi_listeners_bind_open(svc->listeners, &bs);
-        if (rc != 0) {
-            kvi_log_error("zmq-bind %s: cannot bind: %s", zb->endpoint, rc == -EINVAL ? "invalid endpoint"
-                                                                                     : zmq_strerror(-rc));
-            continue;
-        }
-        zb->open = true;
-        kvi_log_info("zmq-bind %s: bound, waiting for engines (topic kv@<pod-id>@<model-name>)", zb->endpoint);
-    }
+    for (size_t i = 0; i < svc->n_zb; i++)
+        (void)zb_bind(svc, svc->zb[i], svc->zb[i]->block_size);
     kvi_svc__zbind_sweep(svc);
+}
+
+static struct svc_zbind *zb_find(struct kvi_service *svc, const char *endpoint)
+{
+    for (size_t i = 0; i < svc->n_zb; i++)
+        if (strcmp(svc->zb[i]->endpoint, endpoint) == 0)
+            return svc->zb[i];
+    return NULL;
+}
+
+/* The endpoint of @p r as a string in @p ep, or -EINVAL with err (400). */
+static int zb_endpoint(const struct kvi_dyn_zbind *r, char *ep, size_t cap, struct kvi_api_err *err)
+{
+    if (r->endpoint.len >= cap || memchr(r->endpoint.p, '\0', r->endpoint.len) != NULL)
+        return kvi_dyn_err_zbind(err, 400, "(endpoint)", "endpoint too long or with a NUL byte");
+    memcpy(ep, r->endpoint.p, r->endpoint.len);
+    ep[r->endpoint.len] = '\0';
+    char why[128];
+    if (kvi_endpoint_validate(ep, why, sizeof why) != 0)
+        return kvi_dyn_err_zbind(err, 400, ep, why);
+    return 0;
+}
+
+int kvi_service_ctl_zbind_open(struct kvi_service *svc, const struct kvi_dyn_zbind *r, bool *created,
+                               struct kvi_api_err *err)
+{
+    char ep[KVI_LISTEN_EP_MAX], why[160];
+    *created = false;
+    int rc = zb_endpoint(r, ep, sizeof ep, err);
+    if (rc != 0)
+        return rc;
+    struct svc_zbind *zb = zb_find(svc, ep);
+    if (zb != NULL && zb->open) {
+        if (zb->block_size == r->block_size)
+            return 0; /* idempotent */
+        if (zb->block_size == 0)
+            snprintf(why, sizeof why, "open without a block size (each model's from its first BlockStored)");
+        else
+            snprintf(why, sizeof why, "open with block_size %" PRIu32, zb->block_size);
+        return kvi_dyn_err_zbind(err, 409, ep, why);
+    }
+    bool fresh = zb == NULL;
+    if (fresh && (zb = zb_add(svc, ep, r->block_size, false)) == NULL) {
+        snprintf(why, sizeof why, "%d bind endpoints are known already", KVI_SVC_MAX_ZBINDS);
+        return kvi_dyn_err_zbind(err, 429, ep, why);
+    }
+    rc = zb_bind(svc, zb, r->block_size);
+    if (rc != 0) {
+        snprintf(why, sizeof why, "cannot bind: %s", rc == -EINVAL ? "invalid endpoint" : zmq_strerror(-rc));
+        if (fresh) { /* never open: nothing refers to it */
+            pthread_mutex_lock(&svc->mu);
+            svc->n_zb--;
+            pthread_mutex_unlock(&svc->mu);
+            if (zb->dec != NULL)
+                kvi_decoder_destroy(zb->dec);
+            pthread_mutex_destroy(&zb->mu);
+            free(zb->endpoint);
+            free(zb);
+        }
+        return kvi_dyn_err_zbind(err, rc == -ENOMEM ? 500 : 400, ep, why);
+    }
+    pthread_mutex_lock(&svc->mu);
+    zb->from_flag = false;
+    pthread_mutex_unlock(&svc->mu);
+    *created = true;
+    return 0;
+}
+
+int kvi_service_ctl_zbind_close(struct kvi_service *svc, const struct kvi_dyn_zbind *r, struct kvi_api_err *err)
+{
+    char ep[KVI_LISTEN_EP_MAX];
+    int rc = zb_endpoint(r, ep, sizeof ep, err);
+    if (rc != 0)
+        return rc;
+    struct svc_zbind *zb = zb_find(svc, ep);
+    if (zb == NULL || !zb->open)
+        return kvi_dyn_err_zbind(err, 404, ep, "not an open bind endpoint");
+    zb_set_open(zb, false); /* no new pod from here on (zb_unknown, pod_add) */
+    size_t n_pods = 0;
+    for (size_t i = 0; i < svc->n_zp;)
+        if (svc->zp[i].zb == zb)
+            pod_forget(svc, i, 0), n_pods++; /* moves the last pod to i */
+        else
+            i++;
+    pthread_mutex_lock(&zb->mu);
+    for (size_t k = 0; k < zb->n_topics; k++) /* pods posted, not added yet: pod_add drops them */
+        free(zb->topics[k]);
+    zb->n_topics = 0;
+    pthread_mutex_unlock(&zb->mu);
+    rc = kvi_listeners_bind_close(svc->listeners, ep);
+    kvi_log_info("zmq-bind %s: closed (%zu pods unregistered)%s", ep, n_pods, rc == 0 ? "" : ": it was not bound");
+    return 0;
 }
 
 void kvi_svc__zbind_free(struct kvi_service *svc)
@@ -319,7 +461,7 @@ void kvi_svc__zbind_free(struct kvi_service *svc)
     }
     free(svc->zp);
     for (size_t i = 0; i < svc->n_zb; i++) {
-        struct svc_zbind *zb = &svc->zb[i];
+        struct svc_zbind *zb = svc->zb[i];
         for (size_t k = 0; k < zb->n_topics; k++)
             free(zb->topics[k]);
         free(zb->topics);
@@ -327,8 +469,8 @@ void kvi_svc__zbind_free(struct kvi_service *svc)
             kvi_decoder_destroy(zb->dec);
         pthread_mutex_destroy(&zb->mu);
         free(zb->endpoint);
+        free(zb);
     }
-    free(svc->zb);
 }
 
 /* ---- inspection (any thread) ------------------------------------------------------------------ */
@@ -341,11 +483,13 @@ void kvi_service_zbind_counters(struct kvi_service *svc, struct kvi_zbind_counte
     pthread_mutex_unlock(&svc->mu);
     out->pods_created = atomic_load_explicit(&svc->zb_created, memory_order_relaxed);
     out->pods_forgotten = atomic_load_explicit(&svc->zb_forgotten, memory_order_relaxed);
+    pthread_mutex_lock(&svc->mu);
     for (size_t i = 0; i < svc->n_zb; i++) {
-        out->bad_topic += atomic_load_explicit(&svc->zb[i].bad_topic, memory_order_relaxed);
-        out->pods_refused += atomic_load_explicit(&svc->zb[i].refused, memory_order_relaxed);
-        out->no_block_size += atomic_load_explicit(&svc->zb[i].no_bs, memory_order_relaxed);
+        out->bad_topic += atomic_load_explicit(&svc->zb[i]->bad_topic, memory_order_relaxed);
+        out->pods_refused += atomic_load_explicit(&svc->zb[i]->refused, memory_order_relaxed);
+        out->no_block_size += atomic_load_explicit(&svc->zb[i]->no_bs, memory_order_relaxed);
     }
+    pthread_mutex_unlock(&svc->mu);
 }
 
 size_t kvi_svc__zbind_worker_views(struct kvi_service *svc, const struct kvi_dyn_workers_filter *f,
@@ -386,4 +530,38 @@ size_t kvi_svc__zbind_worker_views(struct kvi_service *svc, const struct kvi_dyn
     free(info);
     *out = v;
     return n;
+}
+
+void kvi_service_encode_zbinds(struct kvi_service *svc, struct kvi_buf *out)
+{
+    struct kvi_wr w;
+    kvi_wr_init(&w, out, KVI_ENC_JSON);
+    pthread_mutex_lock(&svc->mu);
+    uint32_t n = 0;
+    for (size_t i = 0; i < svc->n_zb; i++)
+        n += svc->zb[i]->open;
+    kvi_wr_arr(&w, n);
+    for (size_t i = 0; i < svc->n_zb; i++) {
+        const struct svc_zbind *zb = svc->zb[i];
+        if (!zb->open)
+            continue;
+        uint64_t pods = 0;
+        for (size_t k = 0; k < svc->n_zp; k++)
+            pods += svc->zp[k].zb == zb;
+        kvi_wr_obj(&w, 4);
+        kvi_wr_keyz(&w, "endpoint");
+        kvi_wr_strz(&w, zb->endpoint);
+        kvi_wr_keyz(&w, "block_size");
+        if (zb->block_size != 0)
+            kvi_wr_u64(&w, zb->block_size);
+        else
+            kvi_wr_null(&w);
+        kvi_wr_keyz(&w, "source");
+        kvi_wr_strz(&w, zb->from_flag ? "flag" : "http");
+        kvi_wr_keyz(&w, "pods");
+        kvi_wr_u64(&w, pods);
+        kvi_wr_end(&w);
+    }
+    kvi_wr_end(&w);
+    pthread_mutex_unlock(&svc->mu);
 }

@@ -30,7 +30,8 @@
  *   Open bind endpoints (kvi_listeners_bind_open). CMD_BIND_OPEN hands the
  *   thread a bind_ep marked held_open: it is bound and its prefix subscribed
  *   like a member's topic, and it survives its last member (freed at
- *   CMD_STOP). An unmatched message goes to on_unknown (bind_hold); one it
+ *   CMD_STOP, or by CMD_BIND_CLOSE, which clears held_open and frees it now
+ *   when memberless, else with its last member). An unmatched message goes to on_unknown (bind_hold); one it
  *   accepts is moved out of t->fr into the endpoint's held array (oldest
  *   first, bounded), and exec_add hands a new member the held messages it
  *   matches (bind_release_held) right after lis_start, before the thread
@@ -1116,6 +1117,26 @@ static int exec_bind_open(struct lis_thread *t, struct bind_ep *b)
     return rc;
 }
 
+/* Close open bind endpoint @p ep (CMD_BIND_CLOSE): no more on_unknown, held messages dropped, prefix
+ * unsubscribed; the socket goes with its last member (now when it has none). */
+static void exec_bind_close(struct lis_thread *t, const char *ep)
+{
+    struct bind_ep *b = bind_find(t, ep);
+    if (b == NULL || !b->held_open)
+        return;
+    b->held_open = false;
+    b->on_unknown = NULL;
+    for (size_t i = 0; i < b->n_held; i++)
+        held_free(&b->held[i]);
+    b->n_held = 0;
+    if (b->n == 0) {
+        bind_free(t, b);
+        return;
+    }
+    if (b->bound)
+        (void)zmq_setsockopt(b->sock.zs, ZMQ_UNSUBSCRIBE, b->prefix, b->prefix_len);
+}
+
 static void exec_remove(struct lis_thread *t, struct listener *l)
 {
     lis_stop(l);
@@ -1169,6 +1190,9 @@ static void exec_cmd(struct lis_thread *t, struct cmd *c)
         break;
     case CMD_BIND_OPEN:
         c->rc = exec_bind_open(t, (struct bind_ep *)(uintptr_t)c->arg);
+        break;
+    case CMD_BIND_CLOSE:
+        exec_bind_close(t, (const char *)(uintptr_t)c->arg);
         break;
     case CMD_SEED:
         /* only before anything was drained: W must name the recovered state */

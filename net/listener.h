@@ -474,7 +474,8 @@ struct kvi_listener_bind_spec {
 
 /**
  * Open a bind endpoint that stays bound without registrations (open bind
- * endpoints, MODES above) until the pool is destroyed. Bind-mode
+ * endpoints, MODES above) until kvi_listeners_bind_close or the pool is
+ * destroyed. Bind-mode
  * registrations naming the same endpoint share its socket (their topics are
  * subscribed as usual; the prefix stays subscribed). Any thread, as
  * register.
@@ -483,6 +484,16 @@ struct kvi_listener_bind_spec {
  *         (-EADDRINUSE ...), in which case nothing is kept.
  */
 int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_bind_spec *spec);
+
+/**
+ * Close an open bind endpoint: once this returns, on_unknown is not called
+ * for it any more, its held messages are dropped and its prefix is
+ * unsubscribed. The socket closes now when no registration names the
+ * endpoint, else with the last of them (unregister them first to free the
+ * port at once). It may then be opened again. Any thread, as unregister.
+ * @return 0; -ENOENT (@p endpoint is not an open bind endpoint).
+ */
+int kvi_listeners_bind_close(struct kvi_listeners *lp, const char *endpoint);
 
 /** The current bound of kvi_listeners_set_max_ranks. Any thread. */
 uint32_t kvi_listeners_max_ranks(const struct kvi_listeners *lp);

@@ -131,17 +131,19 @@ struct bind_ep {
 struct bind_reg {
     char *endpoint;
     struct lis_thread *thr;
-    uint32_t refs;
+    uint32_t refs;       /* members, plus one while open (kvi_listeners_bind_open until _bind_close) */
+    bool open;
     struct bind_reg *next;
 };
 
-enum cmd_type { CMD_ADD, CMD_REMOVE, CMD_PAUSE, CMD_RESUME, CMD_GATE, CMD_STOP, CMD_SEED, CMD_BIND_OPEN };
+enum cmd_type { CMD_ADD, CMD_REMOVE, CMD_PAUSE, CMD_RESUME, CMD_GATE, CMD_STOP, CMD_SEED, CMD_BIND_OPEN, CMD_BIND_CLOSE };
 
 struct cmd {
     uint8_t type;
     bool done;
     int rc;       /* CMD_SEED: 0 or -EBUSY */
-    uint64_t arg; /* CMD_SEED: the watermark; CMD_BIND_OPEN: the struct bind_ep * (rc: 0 or -errno) */
+    uint64_t arg; /* CMD_SEED: the watermark; CMD_BIND_OPEN: the struct bind_ep * (rc: 0 or -errno);
+                     CMD_BIND_CLOSE: the endpoint (const char *) */
     struct listener *l;
     struct cmd *next;
 };

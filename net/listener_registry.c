@@ -400,7 +400,8 @@ int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_
     b = kvi_xcalloc(1, sizeof *b);
     b->endpoint = kvi_lis__strdup(spec->endpoint);
     b->thr = t;
-    b->refs = 1; /* the open endpoint's own: never released */
+    b->refs = 1; /* the open endpoint's own: released by kvi_listeners_bind_close */
+    b->open = true;
     b->next = lp->binds;
     lp->binds = b;
     pthread_mutex_unlock(&lp->mu);
@@ -418,6 +419,34 @@ int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_
     }
     pthread_mutex_unlock(&lp->ctl);
     return rc;
+}
+
+int kvi_listeners_bind_close(struct kvi_listeners *lp, const char *endpoint)
+{
+    pthread_mutex_lock(&lp->ctl);
+    pthread_mutex_lock(&lp->mu);
+    struct bind_reg **pp = &lp->binds;
+    while (*pp != NULL && strcmp((*pp)->endpoint, endpoint) != 0)
+        pp = &(*pp)->next;
+    struct bind_reg *b = *pp;
+    if (b == NULL || !b->open) {
+        pthread_mutex_unlock(&lp->mu);
+        pthread_mutex_unlock(&lp->ctl);
+        return -ENOENT;
+    }
+    b->open = false;
+    struct lis_thread *t = b->thr;
+    bool last = --b->refs == 0;
+    if (last)
+        *pp = b->next;
+    pthread_mutex_unlock(&lp->mu);
+    (void)kvi_lis__call_arg(t, CMD_BIND_CLOSE, NULL, (uint64_t)(uintptr_t)endpoint);
+    pthread_mutex_unlock(&lp->ctl);
+    if (last) {
+        free(b->endpoint);
+        free(b);
+    }
+    return 0;
 }
 
 /* Read l's counters (relaxed loads). */

@@ -10,7 +10,9 @@
  *     counted and stored nowhere;
  *   - a pod that restarts (seq back to 0) is a new engine: its old blocks go;
  *   - without a block size in the flag, the first BlockStored gives it;
- *   - a pod silent for --zmq-bind-idle-s is forgotten, its blocks dropped.
+ *   - a pod silent for --zmq-bind-idle-s is forgotten, its blocks dropped;
+ *   - POST /zmq/bind opens the same over HTTP (400, 409, idempotent, GET
+ *     /zmq/binds), POST /zmq/unbind closes it with its pods.
  * Waits are bounded polls.
  */
 #include <stdarg.h>
@@ -246,11 +248,105 @@ static void test_learnt_block_size_and_idle_pod(void **state)
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 }
 
+/* POST /zmq/bind @p ep (block size @p bs, 0 = none): the status. */
+static long http_bind(const struct kfx_daemon *d, const char *path, const char *ep, uint32_t bs)
+{
+    char body[256];
+    if (bs != 0)
+        snprintf(body, sizeof body, "{\"endpoint\":\"%s\",\"block_size\":%u}", ep, bs);
+    else
+        snprintf(body, sizeof body, "{\"endpoint\":\"%s\"}", ep);
+    struct kfx_resp r = {0};
+    long st = kfx_post_json(d, path, body, &r);
+    kfx_resp_free(&r);
+    return st;
+}
+
+/*
+ * POST /zmq/bind opens what --zmq-bind opens: validated (400 bad endpoint,
+ * 409 another block size), idempotent, listed by GET /zmq/binds; pods come
+ * as with the flag; POST /zmq/unbind unregisters them, drops their blocks,
+ * frees the port (it can be bound again) and answers 404 the second time.
+ */
+static void test_http_bind_unbind(void **state)
+{
+    (void)state;
+    struct kfx_daemon d;
+    const char *args[] = {"--zmq-bind-idle-s", "0", NULL};
+    kfx_start(&d, args, NULL);
+    kfx_expect_get(&d, "/zmq/binds", 200, "[]");
+
+    char ep[64];
+    long st = 0;
+    for (int attempt = 0; attempt < 5 && st != 201; attempt++) { /* another port when the bind lost a race */
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%u", free_port());
+        st = http_bind(&d, "/zmq/bind", ep, 4);
+    }
+    assert_int_equal(st, 201);
+    assert_int_equal(http_bind(&d, "/zmq/bind", ep, 4), 201); /* idempotent */
+    assert_int_equal(http_bind(&d, "/zmq/bind", ep, 8), 409);
+    assert_int_equal(http_bind(&d, "/zmq/bind", ep, 0), 409);
+    assert_int_equal(http_bind(&d, "/zmq/bind", "tcp://127.0.0.1", 4), 400);     /* no port */
+    assert_int_equal(http_bind(&d, "/zmq/bind", "udp://127.0.0.1:1", 4), 400);   /* transport */
+    assert_int_equal(http_bind(&d, "/zmq/bind", "tcp://192.0.2.1:5557", 4), 400); /* not an address of ours */
+    kfx_expect(&d, "/zmq/bind", "{\"block_size\":4}", 422, NULL); /* as Dynamo: a missing field */
+    char want[256];
+    snprintf(want, sizeof want, "[{\"endpoint\":\"%s\",\"block_size\":4,\"source\":\"http\",\"pods\":0}]", ep);
+    kfx_expect_get(&d, "/zmq/binds", 200, want);
+
+    struct kvidx_pub *a = pod_pub(ep, "kv@pod-a@m1");
+    struct kvidx_pub *c = pod_pub(ep, "kv@pod-c@m2");
+    sync_pub(&d, a, "kv@pod-a@m1", "kvidx_listener_unknown_topic_total");
+    sync_pub(&d, c, "kv@pod-c@m2", "kvidx_listener_unknown_topic_total");
+    kfx_publish(a, 0, 0, 3, NULL);
+    kfx_publish(c, 0, 0, 2, NULL);
+    until_scores(&d, "m1", 0, 3, WANT("\"scores\":{\"pod-a\":{\"0\":12}}"), NULL);
+    until_scores(&d, "m2", 0, 3, WANT("\"scores\":{\"pod-c\":{\"0\":8}}"), NULL);
+    snprintf(want, sizeof want, "[{\"endpoint\":\"%s\",\"block_size\":4,\"source\":\"http\",\"pods\":2}]", ep);
+    kfx_expect_get(&d, "/zmq/binds", 200, want);
+    assert_true(kfx_get_has(&d, "/workers", 200, "\"instance_id\":\"pod-a\",\"model_name\":\"m1\""));
+
+    /* unbind: the pods and their blocks go, the port is free again */
+    char body[128];
+    snprintf(body, sizeof body, "{\"endpoint\":\"%s\"}", ep);
+    kfx_expect(&d, "/zmq/unbind", body, 200, "{\"status\":\"ok\"}");
+    kfx_expect(&d, "/zmq/unbind", body, 404, NULL);
+    kfx_expect_get(&d, "/zmq/binds", 200, "[]");
+    assert_false(kfx_get_has(&d, "/workers", 200, "pod-a"));
+    assert_false(kfx_get_has(&d, "/workers", 200, "pod-c"));
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), 0);
+    for (int m = 1; m <= 2; m++) { /* a namespace goes with its last instance */
+        char model[8];
+        snprintf(model, sizeof model, "m%d", m);
+        char *q = kfx_query_json(model, 0, 3);
+        struct kfx_resp r = {0};
+        assert_true(KFX_WAIT((kfx_resp_free(&r), kfx_post_json(&d, "/query", q, &r) == 404), KFX_WAIT_MS));
+        kfx_resp_free(&r);
+        free(q);
+    }
+
+    /* bound again, without a block size: m1 comes back with pod-a's first store's (4); pod-a is a new pod */
+    assert_int_equal(http_bind(&d, "/zmq/bind", ep, 0), 201);
+    snprintf(want, sizeof want, "[{\"endpoint\":\"%s\",\"block_size\":null,\"source\":\"http\",\"pods\":0}]", ep);
+    kfx_expect_get(&d, "/zmq/binds", 200, want);
+    kvidx_pub_destroy(a);
+    a = pod_pub(ep, "kv@pod-a@m1");
+    sync_pub(&d, a, "kv@pod-a@m1", "kvidx_listener_unknown_topic_total");
+    kfx_publish(a, 1, 0, 2, NULL);
+    until_scores(&d, "m1", 1, 2, WANT("\"scores\":{\"pod-a\":{\"0\":8}}"), NULL);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods_created_total"), 3);
+
+    kvidx_pub_destroy(a);
+    kvidx_pub_destroy(c);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_pods_models_bad_topic_restart, teardown),
         cmocka_unit_test_teardown(test_learnt_block_size_and_idle_pod, teardown),
+        cmocka_unit_test_teardown(test_http_bind_unbind, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
