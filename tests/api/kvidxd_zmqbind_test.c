@@ -12,10 +12,12 @@
  *   - without a block size in the flag, the first BlockStored gives it;
  *   - a pod silent for --zmq-bind-idle-s is forgotten, its blocks dropped;
  *   - POST /zmq/bind opens the same over HTTP (400, 409, idempotent, GET
- *     /zmq/binds), POST /zmq/unbind closes it with its pods.
+ *     /zmq/binds), POST /zmq/unbind closes it with its pods;
+ *   - vLLM's own wire form from Python publishers (tests/api/vllm_pub.py).
  * Waits are bounded polls.
  */
 #include <stdarg.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
@@ -341,12 +343,121 @@ static void test_http_bind_unbind(void **state)
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 }
 
+/* ---- vLLM's own wire form (tests/api/vllm_pub.py) ---------------------------------------------- */
+
+/*
+ * A vLLM-form publisher: tests/api/vllm_pub.py (PUB connected to @p ep,
+ * topic @p topic, events in @p form "array" or "map"), driven through its
+ * stdin. It exits when its stdin closes (quit, or this process ending).
+ */
+static FILE *vllm_pub(const char *ep, const char *topic, const char *form)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "exec /usr/bin/python3 %s '%s' '%s' %s >/dev/null", KVI_VLLM_PUB, ep, topic, form);
+    FILE *f = popen(cmd, "w");
+    assert_non_null(f);
+    return f;
+}
+
+__attribute__((format(printf, 2, 3))) static void vcmd(FILE *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    assert_true(vfprintf(f, fmt, ap) > 0);
+    va_end(ap);
+    assert_int_equal(fputc('\n', f), '\n');
+    assert_int_equal(fflush(f), 0);
+}
+
+static void vllm_quit(FILE *f)
+{
+    vcmd(f, "quit");
+    assert_int_equal(pclose(f), 0);
+}
+
+/* sync_pub for a vLLM-form publisher: probes until @p metric grew. */
+static void vllm_sync(const struct kfx_daemon *d, FILE *f, const char *metric)
+{
+    long long before = kfx_metric(d, metric);
+    int64_t end = kfx_now_ms() + KFX_WAIT_MS;
+    while (kfx_now_ms() < end) {
+        vcmd(f, "probe");
+        if (KFX_WAIT(kfx_metric(d, metric) > before, 200))
+            return;
+    }
+    fail_msg("%s never received a vLLM probe", metric);
+}
+
+/*
+ * vLLM's wire form, as llm-d runs it: three Python publishers (pyzmq +
+ * msgpack, PUB connected, topic kv@<pod>@<model>, seq 8-byte big-endian,
+ * array-like KVEventBatch; pod-c's events in the map form of newer vLLM)
+ * on one endpoint bound without a block size. The block size is learnt
+ * from the first store; each model's answers equal a model of what its
+ * pods stored (pod-b's dp rank 1 batches under rank 1); a removal and a
+ * pod that restarts (a new process, seq from 0) are applied.
+ */
+static void test_vllm_wire_form(void **state)
+{
+    (void)state;
+    struct kfx_daemon d;
+    char ep[64];
+    start_zbind(&d, "", "0", "4096", ep, sizeof ep);
+    FILE *a = vllm_pub(ep, "kv@pod-a@m1", "array");
+    FILE *b = vllm_pub(ep, "kv@pod-b@m1", "array");
+    FILE *c = vllm_pub(ep, "kv@pod-c@m2", "map");
+    vllm_sync(&d, a, "kvidx_listener_unknown_topic_total");
+    vllm_sync(&d, b, "kvidx_listener_unknown_topic_total");
+    vllm_sync(&d, c, "kvidx_listener_unknown_topic_total");
+
+    /* model: m1 chain 0: pod-a rank 0 blocks 0..3, pod-b rank 0 blocks 0..1; m1 chain 1: pod-b rank 1
+     * blocks 0..2; m2 chain 0: pod-c rank 0 blocks 0..3 (block size 4: a score is 4 per block) */
+    vcmd(a, "store 0 0 0 2 4");
+    vcmd(a, "store 0 0 2 4 4");
+    vcmd(b, "store 0 0 0 2 4");
+    vcmd(b, "store 1 1 0 3 4");
+    vcmd(c, "store 0 0 0 4 4");
+    until_scores(&d, "m1", 0, 4, WANT("\"pod-a\":{\"0\":16}", "\"pod-b\":{\"0\":8}"), "pod-c");
+    until_scores(&d, "m1", 1, 3, WANT("\"scores\":{\"pod-b\":{\"1\":12}}"), NULL);
+    until_scores(&d, "m2", 0, 4, WANT("\"scores\":{\"pod-c\":{\"0\":16}}"), NULL);
+    until_scores(&d, "m2", 1, 3, WANT("\"scores\":{}"), NULL);
+    assert_true(kfx_get_has(&d, "/workers?model_name=m1", 200, "\"instance_id\":\"pod-b\",\"model_name\":\"m1\","
+                                                               "\"tenant_id\":\"default\",\"block_size\":4,"
+                                                               "\"source\":\"zmq-bind\""));
+    assert_true(kfx_get_has(&d, "/workers?model_name=m2", 200, "\"instance_id\":\"pod-c\",\"model_name\":\"m2\","
+                                                               "\"tenant_id\":\"default\",\"block_size\":4,"));
+    assert_int_equal(kfx_metric(&d, "kvidx_listener_blocks_stored_total"), 4 + 2 + 3 + 4);
+    assert_int_equal(kfx_metric(&d, "kvidx_listener_malformed_total") +
+                         kfx_metric(&d, "kvidx_listener_decode_errors_total") +
+                         kfx_metric(&d, "kvidx_listener_block_size_mismatch_total"), 0);
+
+    /* pod-a removes blocks 2..3 (its chain now ends at 8 tokens) */
+    vcmd(a, "remove 0 0 2 4");
+    until_scores(&d, "m1", 0, 4, WANT("\"pod-a\":{\"0\":8}", "\"pod-b\":{\"0\":8}"), "\":16}");
+
+    /* pod-a restarts: a new process, seq from 0: a new engine, its old blocks go */
+    vllm_quit(a);
+    a = vllm_pub(ep, "kv@pod-a@m1", "array");
+    vllm_sync(&d, a, "kvidx_listener_malformed_total");
+    vcmd(a, "store 0 2 0 2 4");
+    until_scores(&d, "m1", 2, 2, WANT("\"scores\":{\"pod-a\":{\"0\":8}}"), NULL);
+    until_scores(&d, "m1", 0, 4, WANT("\"scores\":{\"pod-b\":{\"0\":8}}"), NULL);
+    assert_true(kfx_metric(&d, "kvidx_listener_restarts_total") >= 1);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), 3);
+
+    vllm_quit(a);
+    vllm_quit(b);
+    vllm_quit(c);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_pods_models_bad_topic_restart, teardown),
         cmocka_unit_test_teardown(test_learnt_block_size_and_idle_pod, teardown),
         cmocka_unit_test_teardown(test_http_bind_unbind, teardown),
+        cmocka_unit_test_teardown(test_vllm_wire_form, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
