@@ -87,6 +87,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "engine/common.h"
 #include "net/log.h"
@@ -473,9 +475,73 @@ static void bind_free(struct lis_thread *t, struct bind_ep *b)
         held_free(&b->held[i]);
     free(b->held);
     free(b->members);
+    free(b->xtab);
+    free(b->pfx);
     free(b->prefix);
     free(b->endpoint);
     free(b);
+}
+
+/* ---- a bind endpoint's members by topic (owner thread) ---- */
+
+static uint32_t xt_bucket(uint32_t cap, const void *topic, size_t len)
+{
+    return (uint32_t)XXH3_64bits(topic, len) & (cap - 1);
+}
+
+/* Double the exact-topic hash (16 buckets at first) and rehash its chains. */
+static void xt_grow(struct bind_ep *b)
+{
+    uint32_t cap = b->xcap ? 2 * b->xcap : 16;
+    struct listener **tab = kvi_xcalloc(cap, sizeof *tab);
+    for (uint32_t i = 0; i < b->xcap; i++)
+        for (struct listener *l = b->xtab[i], *next; l != NULL; l = next) {
+            next = l->xnext;
+            uint32_t k = xt_bucket(cap, l->topic, l->topic_len);
+            l->xnext = tab[k];
+            tab[k] = l;
+        }
+    free(b->xtab);
+    b->xtab = tab;
+    b->xcap = cap;
+}
+
+/* Add member @p l to the exact-topic hash (l->exact) or the prefix list. */
+static void members_index(struct bind_ep *b, struct listener *l)
+{
+    if (!l->exact) {
+        if (b->n_pfx == b->cap_pfx) {
+            b->cap_pfx = b->cap_pfx ? 2 * b->cap_pfx : 8;
+            b->pfx = kvi_xrealloc(b->pfx, b->cap_pfx * sizeof *b->pfx);
+        }
+        b->pfx[b->n_pfx++] = l;
+        return;
+    }
+    if (b->n_exact >= b->xcap)
+        xt_grow(b);
+    uint32_t k = xt_bucket(b->xcap, l->topic, l->topic_len);
+    l->xnext = b->xtab[k];
+    b->xtab[k] = l;
+    b->n_exact++;
+}
+
+static void members_unindex(struct bind_ep *b, struct listener *l)
+{
+    if (!l->exact) {
+        for (size_t i = 0; i < b->n_pfx; i++)
+            if (b->pfx[i] == l) {
+                b->pfx[i] = b->pfx[--b->n_pfx];
+                break;
+            }
+        return;
+    }
+    for (struct listener **pp = &b->xtab[xt_bucket(b->xcap, l->topic, l->topic_len)]; *pp != NULL;
+         pp = &(*pp)->xnext)
+        if (*pp == l) {
+            *pp = l->xnext;
+            b->n_exact--;
+            break;
+        }
 }
 
 static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct listener *l)
@@ -485,6 +551,7 @@ static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct l
             b->members[i] = b->members[--b->n];
             break;
         }
+    members_unindex(b, l);
     if (b->last_hit == l)
         b->last_hit = NULL;
     if (b->n > 0 || b->held_open)
@@ -492,20 +559,29 @@ static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct l
     bind_free(t, b);
 }
 
-/* The member whose topic is the longest prefix of @p topic, or NULL. */
+/*
+ * The member whose topic is the longest prefix of @p topic (an exact
+ * member's only when equal), or NULL. An exact member equal to the topic is
+ * found by one hash probe and wins: no prefix member can be longer, and
+ * none is as long (a topic is registered once per endpoint). The prefix
+ * members are scanned, last_hit first.
+ */
 static struct listener *bind_match(struct bind_ep *b, const void *topic, size_t len)
 {
+    if (b->n_exact > 0)
+        for (struct listener *m = b->xtab[xt_bucket(b->xcap, topic, len)]; m != NULL; m = m->xnext)
+            if (m->topic_len == len && memcmp(m->topic, topic, len) == 0)
+                return m;
     struct listener *h = b->last_hit;
     struct listener *best = NULL;
-    if (h != NULL && (h->exact ? h->topic_len == len : h->topic_len <= len) &&
-        memcmp(h->topic, topic, h->topic_len) == 0) {
+    if (h != NULL && h->topic_len <= len && memcmp(h->topic, topic, h->topic_len) == 0) {
         best = h;
-        if (b->n == 1)
+        if (b->n_pfx == 1)
             return best;
     }
-    for (size_t i = 0; i < b->n; i++) {
-        struct listener *m = b->members[i];
-        if ((m->exact ? m->topic_len == len : m->topic_len <= len) && (best == NULL || m->topic_len > best->topic_len) &&
+    for (size_t i = 0; i < b->n_pfx; i++) {
+        struct listener *m = b->pfx[i];
+        if (m->topic_len <= len && (best == NULL || m->topic_len > best->topic_len) &&
             memcmp(m->topic, topic, m->topic_len) == 0)
             best = m;
     }
@@ -1097,6 +1173,7 @@ static void exec_add(struct lis_thread *t, struct listener *l)
             b->members = kvi_xrealloc(b->members, b->cap * sizeof *b->members);
         }
         b->members[b->n++] = l;
+        members_index(b, l);
         l->bind = b;
     }
     lis_start(l);

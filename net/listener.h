@@ -23,7 +23,8 @@
  *                         message goes to the registration whose topic is the
  *                         longest prefix of frame 0 (use delimited prefixes
  *                         such as "kv@pod-1@"; a registration with
- *                         exact_topic matches frame 0 only when equal).
+ *                         exact_topic matches frame 0 only when equal,
+ *                         found by one hash probe: no scan over them).
  *                         Unmatched topics are counted.
  *
  *   Open bind endpoints (kvi_listeners_bind_open): a bind endpoint the pool

@@ -68,6 +68,7 @@ struct listener {
     struct kvi_listeners *lp;
     struct listener *next, *prev; /* registry list, newest first: pool->mu */
     struct listener *hnext;       /* registry hash chain by (ix, instance, dp_rank): pool->mu */
+    struct listener *xnext;       /* bind mode, exact topic: its bind_ep's topic hash chain (owner thread) */
 
     /* pool->mu */
     uint8_t state;
@@ -113,6 +114,13 @@ struct bind_ep {
     bool bound;
     struct listener **members;
     size_t n, cap;
+    /* how bind_match finds a member: the exact-topic members in a hash by topic (chained through
+     * xnext, xcap a power of two or 0, at most one member per bucket on average), the others
+     * (prefix topics) in pfx, scanned for the longest, last_hit tried first */
+    struct listener **xtab;
+    uint32_t xcap, n_exact;
+    struct listener **pfx;
+    size_t n_pfx, cap_pfx;
     struct listener *last_hit;
     struct bind_ep *next;
     /* kvi_listeners_bind_open: open without members, `prefix` subscribed, unknown topics offered to
