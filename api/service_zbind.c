@@ -492,6 +492,28 @@ void kvi_service_zbind_counters(struct kvi_service *svc, struct kvi_zbind_counte
     pthread_mutex_unlock(&svc->mu);
 }
 
+/* The ranks pod @p key's batches named (at least one: rank 0 before any batch), in scratch; NULL on OOM. */
+static uint32_t *pod_ranks(struct kvi_service *svc, const struct kvi_listener_key *key, struct kvi_scratch *s,
+                           size_t *n)
+{
+    uint32_t few[16];
+    int rc = kvi_listeners_ranks(svc->listeners, key, few, 16);
+    size_t cap = rc > 16 ? (size_t)rc + 16 : 16; /* more ranks may come between the two calls */
+    uint32_t *r = kvi_scratch_alloc(s, cap * sizeof *r);
+    if (r == NULL)
+        return NULL;
+    if (rc > 16)
+        rc = kvi_listeners_ranks(svc->listeners, key, r, cap);
+    else if (rc > 0)
+        memcpy(r, few, (size_t)rc * sizeof *r);
+    *n = rc > 0 ? KVI_MIN((size_t)rc, cap) : 0;
+    if (*n == 0) {
+        r[0] = 0;
+        *n = 1;
+    }
+    return r;
+}
+
 size_t kvi_svc__zbind_worker_views(struct kvi_service *svc, const struct kvi_dyn_workers_filter *f,
                                    struct kvi_scratch *s, struct kvi_worker_view **out)
 {
@@ -507,24 +529,31 @@ size_t kvi_svc__zbind_worker_views(struct kvi_service *svc, const struct kvi_dyn
             continue;
         if (f != NULL && f->has_tenant && !kvi_str_eq(f->tenant_id, p->ns->tenant))
             continue;
-        struct kvi_listener_view *lv = kvi_scratch_alloc(s, sizeof *lv);
+        struct kvi_listener_key key = {p->ns->ix, 0, p->pod, 0};
+        size_t n_ranks;
+        uint32_t *ranks = pod_ranks(svc, &key, s, &n_ranks);
+        struct kvi_listener_view *lv = ranks ? kvi_scratch_alloc(s, n_ranks * sizeof *lv) : NULL;
         if (lv == NULL)
             break;
-        *lv = (struct kvi_listener_view){.dp_rank = 0, .endpoint = p->zb->endpoint, .status = KVI_LS_FAILED,
-                                         .last_error = "listener not found", .has_liveness = true};
-        struct kvi_listener_key key = {p->ns->ix, 0, p->pod, 0};
+        /* one registration (one topic) carries every rank: each rank shows its status and liveness */
+        struct kvi_listener_view one = {.dp_rank = 0, .endpoint = p->zb->endpoint, .status = KVI_LS_FAILED,
+                                        .last_error = "listener not found", .has_liveness = true};
         if (kvi_listeners_get(svc->listeners, &key, info) == 0) {
-            lv->status = info->state == KVI_LISTENER_ACTIVE    ? KVI_LS_ACTIVE
+            one.status = info->state == KVI_LISTENER_ACTIVE    ? KVI_LS_ACTIVE
                          : info->state == KVI_LISTENER_PENDING ? KVI_LS_PENDING
                          : info->state == KVI_LISTENER_PAUSED  ? KVI_LS_PAUSED
                                                                : KVI_LS_FAILED;
-            lv->last_error = NULL;
-            lv->messages = info->ctr.messages;
-            lv->has_last_message = info->last_message_set;
-            lv->seconds_since_last_message = info->last_message_age_ns / 1000000000u;
-            lv->connected = (int8_t)(!info->monitored ? -1 : info->connected ? 1 : 0);
+            one.last_error = NULL;
+            one.messages = info->ctr.messages;
+            one.has_last_message = info->last_message_set;
+            one.seconds_since_last_message = info->last_message_age_ns / 1000000000u;
+            one.connected = (int8_t)(!info->monitored ? -1 : info->connected ? 1 : 0);
         }
-        v[n++] = (struct kvi_worker_view){0,  p->ns->model, p->ns->tenant, p->ns->block_size, "zmq-bind", lv, 1,
+        for (size_t k = 0; k < n_ranks; k++) {
+            lv[k] = one;
+            lv[k].dp_rank = ranks[k];
+        }
+        v[n++] = (struct kvi_worker_view){0,  p->ns->model, p->ns->tenant, p->ns->block_size, "zmq-bind", lv, n_ranks,
                                           p->pod};
     }
     free(info);

@@ -61,6 +61,8 @@
  *   Ranks. Each listener keeps the ranks its batches named since the last
  *   clear (a sorted array, owner thread, grown once per new rank and never
  *   past the pool's max_ranks), so a restart clears every one of them. The
+ *   owner thread changes the set (and own_rank_seen) under pool->mu, once per
+ *   new rank or clear, so that kvi_listeners_ranks can read it. The
  *   bound itself is pool->max_ranks, a relaxed atomic read per new rank:
  *   the setter hands over a number, nothing else.
  *
@@ -609,6 +611,7 @@ static bool admit_rank(struct listener *l, uint32_t r)
     uint32_t max = atomic_load_explicit(&l->lp->max_ranks, memory_order_relaxed);
     if ((uint64_t)l->n_ranks + 1 >= max)
         return false;
+    pthread_mutex_lock(&l->lp->mu); /* kvi_listeners_ranks reads the set */
     if (l->n_ranks == l->cap_ranks) {
         l->cap_ranks = l->cap_ranks ? l->cap_ranks * 2 : 8;
         l->ranks = kvi_xrealloc(l->ranks, l->cap_ranks * sizeof *l->ranks);
@@ -616,6 +619,7 @@ static bool admit_rank(struct listener *l, uint32_t r)
     memmove(l->ranks + lo + 1, l->ranks + lo, (l->n_ranks - lo) * sizeof *l->ranks);
     l->ranks[lo] = r;
     l->n_ranks++;
+    pthread_mutex_unlock(&l->lp->mu);
     return true;
 }
 
@@ -647,6 +651,11 @@ static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
         kvi_decoder_trim(t->dec);
         return KVI_STREAM_SKIPPED;
     }
+    if (!l->own_rank_seen && (!b.has_dp_rank || b.dp_rank == l->dp_rank)) {
+        pthread_mutex_lock(&l->lp->mu); /* once per clear */
+        l->own_rank_seen = true;
+        pthread_mutex_unlock(&l->lp->mu);
+    }
     /* the ops publish W + 1 (before this batch), the batch's last one seq + 1 */
     l->tgt.applied1 = kvi_wm_next(&l->stream.wm);
     l->tgt.applied1_end = seq + 1;
@@ -665,7 +674,10 @@ static void cb_clear(void *ctx)
     kvi_ingest_reset_rank(&l->tgt, l->dp_rank, l->thr->prod);
     for (uint32_t i = 0; i < l->n_ranks; i++)
         kvi_ingest_reset_rank(&l->tgt, l->ranks[i], l->thr->prod);
+    pthread_mutex_lock(&l->lp->mu);
     l->n_ranks = 0;
+    l->own_rank_seen = false;
+    pthread_mutex_unlock(&l->lp->mu);
 }
 
 static int dealer_open(struct listener *l)

@@ -496,6 +496,14 @@ int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_
  */
 int kvi_listeners_bind_close(struct kvi_listeners *lp, const char *endpoint);
 
+/**
+ * The dp ranks the batches of registration @p key named since its last
+ * clear (a restart, a clear policy: RANKS), ascending; its registered rank
+ * counts once a batch used it (naming it, or no rank). Any thread.
+ * @return how many there are (the first @p cap written to @p out), or -ENOENT.
+ */
+int kvi_listeners_ranks(struct kvi_listeners *lp, const struct kvi_listener_key *key, uint32_t *out, size_t cap);
+
 /** The current bound of kvi_listeners_set_max_ranks. Any thread. */
 uint32_t kvi_listeners_max_ranks(const struct kvi_listeners *lp);
 

@@ -84,8 +84,10 @@ struct listener {
     uint32_t warn_budget;
     bool ranks_warned;   /* the rank bound's warning was printed (once per registration) */
     uint32_t *ranks;     /* batch ranks other than dp_rank carried since the last clear: sorted,
-                            unique, fewer than the pool's max_ranks when added (net/listener.h RANKS) */
+                            unique, fewer than the pool's max_ranks when added (net/listener.h RANKS);
+                            written under pool->mu (kvi_listeners_ranks reads them) */
     uint32_t n_ranks, cap_ranks;
+    bool own_rank_seen;  /* a batch used dp_rank since the last clear: written under pool->mu */
     struct kvi_stream stream;
     struct kvi_ingest_target tgt;
     char tgt_name[96];

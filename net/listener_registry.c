@@ -662,6 +662,34 @@ int kvi_listeners_get(struct kvi_listeners *lp, const struct kvi_listener_key *k
     return l != NULL ? 0 : -ENOENT;
 }
 
+int kvi_listeners_ranks(struct kvi_listeners *lp, const struct kvi_listener_key *key, uint32_t *out, size_t cap)
+{
+    pthread_mutex_lock(&lp->mu);
+    struct listener *l = find_locked(lp, key);
+    if (l == NULL) {
+        pthread_mutex_unlock(&lp->mu);
+        return -ENOENT;
+    }
+    size_t n = 0;
+    bool own = l->own_rank_seen;
+    for (uint32_t i = 0; i <= l->n_ranks; i++) { /* merge dp_rank into the sorted set */
+        uint32_t r = i < l->n_ranks ? l->ranks[i] : UINT32_MAX;
+        if (own && l->dp_rank <= r) {
+            if (n < cap)
+                out[n] = l->dp_rank;
+            n++;
+            own = false;
+        }
+        if (i < l->n_ranks) {
+            if (n < cap)
+                out[n] = r;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&lp->mu);
+    return (int)n;
+}
+
 size_t kvi_listeners_foreach(struct kvi_listeners *lp, void (*fn)(void *ctx, const struct kvi_listener_info *info),
                              void *ctx)
 {

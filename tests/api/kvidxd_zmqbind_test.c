@@ -388,6 +388,16 @@ static void vllm_sync(const struct kfx_daemon *d, FILE *f, const char *metric)
     fail_msg("%s never received a vLLM probe", metric);
 }
 
+/* GET /workers holds @p needle (else the body is printed and the test fails). */
+static void workers_have(const struct kfx_daemon *d, const char *needle)
+{
+    struct kfx_resp r = {0};
+    assert_int_equal(kfx_get(d, "/workers", &r), 200);
+    if (strstr(r.body, needle) == NULL)
+        fail_msg("/workers lacks %s: %s", needle, r.body);
+    kfx_resp_free(&r);
+}
+
 /*
  * vLLM's wire form, as llm-d runs it: three Python publishers (pyzmq +
  * msgpack, PUB connected, topic kv@<pod>@<model>, seq 8-byte big-endian,
@@ -426,6 +436,16 @@ static void test_vllm_wire_form(void **state)
                                                                "\"source\":\"zmq-bind\""));
     assert_true(kfx_get_has(&d, "/workers?model_name=m2", 200, "\"instance_id\":\"pod-c\",\"model_name\":\"m2\","
                                                                "\"tenant_id\":\"default\",\"block_size\":4,"));
+    /* /workers lists each rank a pod's batches named: pod-b 0 and 1, the others 0 */
+    char want[512];
+    snprintf(want, sizeof want, "\"instance_id\":\"pod-b\",%s\"endpoints\":{\"0\":\"%s\",\"1\":\"%s\"},",
+             "\"model_name\":\"m1\",\"tenant_id\":\"default\",\"block_size\":4,\"source\":\"zmq-bind\","
+             "\"status\":\"active\",", ep, ep);
+    workers_have(&d, want);
+    snprintf(want, sizeof want, "\"instance_id\":\"pod-a\",%s\"endpoints\":{\"0\":\"%s\"},",
+             "\"model_name\":\"m1\",\"tenant_id\":\"default\",\"block_size\":4,\"source\":\"zmq-bind\","
+             "\"status\":\"active\",", ep);
+    workers_have(&d, want);
     assert_int_equal(kfx_metric(&d, "kvidx_listener_blocks_stored_total"), 4 + 2 + 3 + 4);
     assert_int_equal(kfx_metric(&d, "kvidx_listener_malformed_total") +
                          kfx_metric(&d, "kvidx_listener_decode_errors_total") +
