@@ -5,7 +5,8 @@
  * nobody registers them. Real ZMQ over loopback TCP, C publishers in
  * connect mode:
  *   - three pods of two models: each model's queries score exactly what its
- *     pods stored, /workers lists them with "source":"zmq-bind";
+ *     pods stored, /dump holds exactly a model of their blocks, /workers
+ *     lists them with "source":"zmq-bind";
  *   - a topic of another shape, and a pod past --zmq-bind-max-pods, are
  *     counted and stored nowhere;
  *   - a pod that restarts (seq back to 0) is a new engine: its old blocks go;
@@ -140,6 +141,96 @@ static void until_scores(const struct kfx_daemon *d, const char *model, uint32_t
 
 #define WANT(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* ---- /dump against a model: "pod/rank/engine hash" lines, sorted ------------------------------ */
+
+struct lines {
+    char **v;
+    size_t n, cap;
+};
+
+__attribute__((format(printf, 2, 3))) static void lines_add(struct lines *l, const char *fmt, ...)
+{
+    if (l->n == l->cap)
+        l->v = realloc(l->v, (l->cap = l->cap ? 2 * l->cap : 64) * sizeof *l->v);
+    char buf[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    l->v[l->n++] = strdup(buf);
+}
+
+static void lines_free(struct lines *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->v[i]);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static int line_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Blocks [from, to) of chain c held by @p pod on @p rank, as /dump lines. */
+static void model_chain(struct lines *m, const char *pod, uint32_t rank, uint32_t c, uint32_t from, uint32_t to)
+{
+    for (uint32_t i = from; i < to; i++)
+        lines_add(m, "%s/%u/%llu", pod, rank, (unsigned long long)kfx_hash(c, i));
+}
+
+/* Every block of /dump as a line "worker/dp_rank/block_hash" (string worker ids; watermarks skipped). */
+static bool dump_lines(const struct kfx_daemon *d, struct lines *out)
+{
+    struct kfx_resp r = {0};
+    if (kfx_get(d, "/dump", &r) != 200) {
+        kfx_resp_free(&r);
+        return false;
+    }
+    for (const char *p = r.body; (p = strstr(p, "{\"worker_id\":\"")) != NULL;) {
+        p += strlen("{\"worker_id\":\"");
+        const char *q = strchr(p, '"');
+        if (q == NULL || strncmp(q, "\",\"storage_tier\":", 16) != 0)
+            continue; /* a watermark, not a block */
+        const char *rk = strstr(q, "\"dp_rank\":");
+        const char *bh = rk ? strstr(rk, "\"block_hash\":") : NULL;
+        if (bh == NULL)
+            break;
+        lines_add(out, "%.*s/%lu/%llu", (int)(q - p), p, strtoul(rk + strlen("\"dp_rank\":"), NULL, 10),
+                  strtoull(bh + strlen("\"block_hash\":"), NULL, 10));
+    }
+    kfx_resp_free(&r);
+    return true;
+}
+
+/* Poll /dump until its blocks are exactly @p model's (sorted here); fail with the difference. */
+static void until_dump_is(const struct kfx_daemon *d, struct lines *model)
+{
+    qsort(model->v, model->n, sizeof *model->v, line_cmp);
+    char why[512] = "";
+    int64_t end = kfx_now_ms() + KFX_WAIT_MS;
+    for (;;) {
+        struct lines got = {0};
+        bool ok = dump_lines(d, &got);
+        if (ok) {
+            qsort(got.v, got.n, sizeof *got.v, line_cmp);
+            size_t k = 0;
+            while (k < got.n && k < model->n && strcmp(got.v[k], model->v[k]) == 0)
+                k++;
+            ok = k == got.n && k == model->n;
+            snprintf(why, sizeof why, "%zu blocks, want %zu; first difference at %zu: got %s, want %s", got.n,
+                     model->n, k, k < got.n ? got.v[k] : "-", k < model->n ? model->v[k] : "-");
+        }
+        lines_free(&got);
+        if (ok)
+            return;
+        if (kfx_now_ms() >= end)
+            fail_msg("/dump never equalled the model: %s", why);
+        kfx_nap(50);
+    }
+}
+
 /* Pods of two models on one endpoint; a bad topic; a pod that restarts. */
 static void test_pods_models_bad_topic_restart(void **state)
 {
@@ -175,9 +266,17 @@ static void test_pods_models_bad_topic_restart(void **state)
     assert_true(KFX_WAIT(kfx_metric(&d, "kvidx_zmq_bind_pods_refused_total") >= 1, KFX_WAIT_MS));
     until_scores(&d, "m2", 1, 3, WANT("\"scores\":{"), "pod-");
     assert_true(KFX_WAIT(kfx_metric(&d, "kvidx_zmq_bind_bad_topic_total") >= 2, KFX_WAIT_MS));
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_bad_topic_total"), 2); /* its two batches (probes are 1-frame) */
     assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), 3);
     assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods_created_total"), 3);
     assert_int_equal(kfx_metric(&d, "kvidx_listener_blocks_stored_total"), 4 + 2 + 3 + 4); /* nothing of bad's */
+    struct lines model = {0};
+    model_chain(&model, "pod-a", 0, 0, 0, 4);
+    model_chain(&model, "pod-b", 0, 0, 0, 2);
+    model_chain(&model, "pod-b", 0, 1, 0, 3);
+    model_chain(&model, "pod-c", 0, 0, 0, 4);
+    until_dump_is(&d, &model);
+    lines_free(&model);
 
     struct kfx_resp r = {0};
     assert_int_equal(kfx_get(&d, "/workers", &r), 200);
@@ -200,6 +299,12 @@ static void test_pods_models_bad_topic_restart(void **state)
     until_scores(&d, "m1", 0, 4, WANT("\"scores\":{\"pod-b\":{\"0\":8}}"), NULL);
     assert_true(kfx_metric(&d, "kvidx_listener_restarts_total") >= 1);
     assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), 3);
+    model_chain(&model, "pod-a", 0, 2, 0, 2);
+    model_chain(&model, "pod-b", 0, 0, 0, 2);
+    model_chain(&model, "pod-b", 0, 1, 0, 3);
+    model_chain(&model, "pod-c", 0, 0, 0, 4);
+    until_dump_is(&d, &model);
+    lines_free(&model);
 
     kvidx_pub_destroy(a);
     kvidx_pub_destroy(b);
@@ -404,8 +509,9 @@ static void workers_have(const struct kfx_daemon *d, const char *needle)
  * array-like KVEventBatch; pod-c's events in the map form of newer vLLM)
  * on one endpoint bound without a block size. The block size is learnt
  * from the first store; each model's answers equal a model of what its
- * pods stored (pod-b's dp rank 1 batches under rank 1); a removal and a
- * pod that restarts (a new process, seq from 0) are applied.
+ * pods stored (pod-b's dp rank 1 batches under rank 1), and so does
+ * /dump, block by block; a removal and a pod that restarts (a new process,
+ * seq from 0) are applied.
  */
 static void test_vllm_wire_form(void **state)
 {
@@ -454,6 +560,13 @@ static void test_vllm_wire_form(void **state)
     /* pod-a removes blocks 2..3 (its chain now ends at 8 tokens) */
     vcmd(a, "remove 0 0 2 4");
     until_scores(&d, "m1", 0, 4, WANT("\"pod-a\":{\"0\":8}", "\"pod-b\":{\"0\":8}"), "\":16}");
+    struct lines model = {0};
+    model_chain(&model, "pod-a", 0, 0, 0, 2);
+    model_chain(&model, "pod-b", 0, 0, 0, 2);
+    model_chain(&model, "pod-b", 1, 1, 0, 3);
+    model_chain(&model, "pod-c", 0, 0, 0, 4);
+    until_dump_is(&d, &model);
+    lines_free(&model);
 
     /* pod-a restarts: a new process, seq from 0: a new engine, its old blocks go */
     vllm_quit(a);
@@ -464,6 +577,12 @@ static void test_vllm_wire_form(void **state)
     until_scores(&d, "m1", 0, 4, WANT("\"scores\":{\"pod-b\":{\"0\":8}}"), NULL);
     assert_true(kfx_metric(&d, "kvidx_listener_restarts_total") >= 1);
     assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), 3);
+    model_chain(&model, "pod-a", 0, 2, 0, 2);
+    model_chain(&model, "pod-b", 0, 0, 0, 2);
+    model_chain(&model, "pod-b", 1, 1, 0, 3);
+    model_chain(&model, "pod-c", 0, 0, 0, 4);
+    until_dump_is(&d, &model);
+    lines_free(&model);
 
     vllm_quit(a);
     vllm_quit(b);
