@@ -37,7 +37,9 @@
  *   older than --zmq-bind-idle-s is unregistered, its blocks removed, and
  *   forgotten (its topic may come back as a new pod).
  *
- *   Threads: zb->topics under zb->mu (listener thread and control thread);
+ *   Threads: zb->topics (a hash by topic: zb_unknown's lookup costs one
+ *   probe, not a scan over the endpoint's pods) under zb->mu (listener
+ *   thread and control thread);
  *   svc->zp written by the control thread under svc->mu, read by /workers
  *   under it; counters relaxed atomics.
  */
@@ -45,7 +47,10 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zmq.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "api/service_internal.h"
 #include "engine/common.h"
@@ -62,8 +67,9 @@ struct svc_zbind {
     bool open;                /* bound and taking pods: written under svc->mu and mu, read under either */
     pthread_mutex_t mu;       /* topics, block_size, open */
     uint32_t block_size;      /* 0 = learnt per model */
-    char **topics;            /* pods registered or about to be, by topic */
-    size_t n_topics, cap_topics;
+    struct ztopic **topics;   /* pods registered or about to be: a hash by topic, n_buckets a power of
+                                 two (or 0), at most one topic per bucket on average */
+    size_t n_topics, n_buckets;
     struct kvi_decoder *dec;  /* zb_unknown (the endpoint's listener thread) only */
     _Atomic uint64_t bad_topic, refused, no_bs;
 };
@@ -85,24 +91,77 @@ struct zpod_job {
 
 /* ---- topics (zb->mu) -------------------------------------------------------------------------- */
 
-static bool topic_find_locked(struct svc_zbind *zb, const void *t, size_t len, size_t *at)
+/* A topic of zb->topics (one allocation). */
+struct ztopic {
+    struct ztopic *next;
+    size_t len;
+    char s[];
+};
+
+static size_t topic_bucket(size_t n_buckets, const void *t, size_t len)
 {
-    for (size_t i = 0; i < zb->n_topics; i++)
-        if (strlen(zb->topics[i]) == len && memcmp(zb->topics[i], t, len) == 0) {
-            if (at != NULL)
-                *at = i;
-            return true;
+    return (size_t)XXH3_64bits(t, len) & (n_buckets - 1);
+}
+
+/* The link that points at topic @p t, or NULL. */
+static struct ztopic **topic_find_locked(struct svc_zbind *zb, const void *t, size_t len)
+{
+    if (zb->n_buckets == 0)
+        return NULL;
+    for (struct ztopic **pp = &zb->topics[topic_bucket(zb->n_buckets, t, len)]; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->len == len && memcmp((*pp)->s, t, len) == 0)
+            return pp;
+    return NULL;
+}
+
+/* Add topic @p t (not there), doubling the buckets (16 at first) to keep at most one topic per bucket. */
+static void topic_add_locked(struct svc_zbind *zb, const void *t, size_t len)
+{
+    if (zb->n_topics >= zb->n_buckets) {
+        size_t nb = zb->n_buckets ? 2 * zb->n_buckets : 16;
+        struct ztopic **tab = kvi_xcalloc(nb, sizeof *tab);
+        for (size_t i = 0; i < zb->n_buckets; i++)
+            for (struct ztopic *z = zb->topics[i], *next; z != NULL; z = next) {
+                next = z->next;
+                size_t k = topic_bucket(nb, z->s, z->len);
+                z->next = tab[k];
+                tab[k] = z;
+            }
+        free(zb->topics);
+        zb->topics = tab;
+        zb->n_buckets = nb;
+    }
+    struct ztopic *z = kvi_xmalloc(sizeof *z + len + 1);
+    z->len = len;
+    memcpy(z->s, t, len);
+    z->s[len] = '\0';
+    size_t k = topic_bucket(zb->n_buckets, t, len);
+    z->next = zb->topics[k];
+    zb->topics[k] = z;
+    zb->n_topics++;
+}
+
+/* Forget every topic (the buckets stay). */
+static void topics_clear_locked(struct svc_zbind *zb)
+{
+    for (size_t i = 0; i < zb->n_buckets; i++)
+        while (zb->topics[i] != NULL) {
+            struct ztopic *z = zb->topics[i];
+            zb->topics[i] = z->next;
+            free(z);
         }
-    return false;
+    zb->n_topics = 0;
 }
 
 static void topic_forget(struct svc_zbind *zb, const char *t)
 {
     pthread_mutex_lock(&zb->mu);
-    size_t at;
-    if (topic_find_locked(zb, t, strlen(t), &at)) {
-        free(zb->topics[at]);
-        zb->topics[at] = zb->topics[--zb->n_topics];
+    struct ztopic **pp = topic_find_locked(zb, t, strlen(t));
+    if (pp != NULL) {
+        struct ztopic *z = *pp;
+        *pp = z->next;
+        free(z);
+        zb->n_topics--;
     }
     pthread_mutex_unlock(&zb->mu);
 }
@@ -151,7 +210,7 @@ static bool zb_unknown(void *ctx, const char *endpoint, const void *topic, size_
     }
     uint32_t max = zb->svc->cfg.zbind_max_pods ? zb->svc->cfg.zbind_max_pods : KVI_SVC_DEFAULT_ZBIND_MAX_PODS;
     pthread_mutex_lock(&zb->mu);
-    bool known = topic_find_locked(zb, topic, len, NULL);
+    bool known = topic_find_locked(zb, topic, len) != NULL;
     bool ok = known;
     if (!zb->open) {
         ok = false; /* being closed (POST /zmq/unbind): no new pod */
@@ -172,11 +231,7 @@ static bool zb_unknown(void *ctx, const char *endpoint, const void *topic, size_
             j->pod[pod_len] = '\0';
             j->model = j->pod + pod_len + 1;
             if (kvi_service_post(zb->svc, pod_add, j) == 0) {
-                if (zb->n_topics == zb->cap_topics) {
-                    zb->cap_topics = zb->cap_topics ? 2 * zb->cap_topics : 16;
-                    zb->topics = kvi_xrealloc(zb->topics, zb->cap_topics * sizeof *zb->topics);
-                }
-                zb->topics[zb->n_topics++] = xstrndup(topic, len);
+                topic_add_locked(zb, topic, len);
                 ok = true;
             } else {
                 free(j);
@@ -323,8 +378,15 @@ static void zb_set_open(struct svc_zbind *zb, bool open)
     pthread_mutex_unlock(&zb->svc->mu);
 }
 
-/* Bind closed endpoint @p zb with @p block_size. Control thread. @return 0 or -errno (logged). */
-static int zb_bind(struct kvi_service *svc, struct svc_zbind *zb, uint32_t block_size)
+#define ZB_REBIND_WAIT_MS 2000 /* a port closed by /zmq/unbind: libzmq releases it in the background */
+
+/*
+ * Bind closed endpoint @p zb with @p block_size. An endpoint bound before
+ * (@p was_open) is retried for up to ZB_REBIND_WAIT_MS while its port is
+ * still in use: libzmq closes a listening socket on its I/O thread after
+ * zmq_close returned. Control thread. @return 0 or -errno (logged).
+ */
+static int zb_bind(struct kvi_service *svc, struct svc_zbind *zb, uint32_t block_size, bool was_open)
 {
     if (zb->dec == NULL && (zb->dec = kvi_decoder_create()) == NULL) {
         kvi_log_error("zmq-bind %s: out of memory: not bound", zb->endpoint);
@@ -337,6 +399,11 @@ static int zb_bind(struct kvi_service *svc, struct svc_zbind *zb, uint32_t block
         .endpoint = zb->endpoint, .prefix = ZB_PREFIX, .on_unknown = zb_unknown, .ctx = zb};
     zb_set_open(zb, true); /* before the first on_unknown */
     int rc = kvi_listeners_bind_open(svc->listeners, &bs);
+    for (int waited = 0; rc == -EADDRINUSE && was_open && waited < ZB_REBIND_WAIT_MS; waited += 10) {
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+        rc = kvi_listeners_bind_open(svc->listeners, &bs);
+    }
     if (rc != 0) {
         zb_set_open(zb, false);
         kvi_log_error("zmq-bind %s: cannot bind: %s", zb->endpoint, rc == -EINVAL ? "invalid endpoint"
@@ -357,7 +424,7 @@ void kvi_svc__zbind_init(struct kvi_service *svc)
 void kvi_svc__zbind_start(struct kvi_service *svc)
 {
     for (size_t i = 0; i < svc->n_zb; i++)
-        (void)zb_bind(svc, svc->zb[i], svc->zb[i]->block_size);
+        (void)zb_bind(svc, svc->zb[i], svc->zb[i]->block_size, false);
     kvi_svc__zbind_sweep(svc);
 }
 
@@ -405,7 +472,7 @@ int kvi_service_ctl_zbind_open(struct kvi_service *svc, const struct kvi_dyn_zbi
         snprintf(why, sizeof why, "%d bind endpoints are known already", KVI_SVC_MAX_ZBINDS);
         return kvi_dyn_err_zbind(err, 429, ep, why);
     }
-    rc = zb_bind(svc, zb, r->block_size);
+    rc = zb_bind(svc, zb, r->block_size, !fresh);
     if (rc != 0) {
         snprintf(why, sizeof why, "cannot bind: %s", rc == -EINVAL ? "invalid endpoint" : zmq_strerror(-rc));
         if (fresh) { /* never open: nothing refers to it */
@@ -444,9 +511,7 @@ int kvi_service_ctl_zbind_close(struct kvi_service *svc, const struct kvi_dyn_zb
         else
             i++;
     pthread_mutex_lock(&zb->mu);
-    for (size_t k = 0; k < zb->n_topics; k++) /* pods posted, not added yet: pod_add drops them */
-        free(zb->topics[k]);
-    zb->n_topics = 0;
+    topics_clear_locked(zb); /* and pods posted, not added yet: pod_add drops them */
     pthread_mutex_unlock(&zb->mu);
     rc = kvi_listeners_bind_close(svc->listeners, ep);
     kvi_log_info("zmq-bind %s: closed (%zu pods unregistered)%s", ep, n_pods, rc == 0 ? "" : ": it was not bound");
@@ -462,8 +527,7 @@ void kvi_svc__zbind_free(struct kvi_service *svc)
     free(svc->zp);
     for (size_t i = 0; i < svc->n_zb; i++) {
         struct svc_zbind *zb = svc->zb[i];
-        for (size_t k = 0; k < zb->n_topics; k++)
-            free(zb->topics[k]);
+        topics_clear_locked(zb);
         free(zb->topics);
         if (zb->dec != NULL)
             kvi_decoder_destroy(zb->dec);

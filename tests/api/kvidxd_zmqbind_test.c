@@ -14,7 +14,8 @@
  *   - a pod silent for --zmq-bind-idle-s is forgotten, its blocks dropped;
  *   - POST /zmq/bind opens the same over HTTP (400, 409, idempotent, GET
  *     /zmq/binds), POST /zmq/unbind closes it with its pods;
- *   - vLLM's own wire form from Python publishers (tests/api/vllm_pub.py).
+ *   - vLLM's own wire form from Python publishers (tests/api/vllm_pub.py);
+ *   - an endpoint holding 4,096 pods refuses a flood from further pods.
  * Waits are bounded polls.
  */
 #include <stdarg.h>
@@ -590,6 +591,78 @@ static void test_vllm_wire_form(void **state)
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 }
 
+/* CPU time (user + system) process @p pid has used, in ns, from /proc/<pid>/stat. */
+static uint64_t proc_cpu_ns(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* fields after the command name: state is field 3 */
+    assert_non_null(p);
+    unsigned long long ut = 0, st = 0;
+    assert_int_equal(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st), 2);
+    return (ut + st) * (1000000000ull / (uint64_t)sysconf(_SC_CLK_TCK));
+}
+
+/* Send [topic, seq, an empty batch [ts, [], 0]] on @p p. */
+static void send_empty(struct kvidx_pub *p, const char *topic, uint64_t seq)
+{
+    static const uint8_t batch[] = {0x93, 0xcb, 0x41, 0xda, 0, 0, 0, 0, 0, 0, 0x90, 0x00};
+    uint8_t s8[8];
+    for (int i = 0; i < 8; i++)
+        s8[i] = (uint8_t)(seq >> (56 - 8 * i));
+    const void *fr[3] = {topic, s8, batch};
+    size_t sz[3] = {strlen(topic), 8, sizeof batch};
+    assert_int_equal(kvidx_pub_send_raw(p, fr, sz, 3), 0);
+}
+
+#define FLOOD_PODS 4096
+#define FLOOD_MSGS 50000
+
+/*
+ * An endpoint full of pods (--zmq-bind-max-pods 4,096, all registered by
+ * their first message, sent by one engine for all of them) and a flood of
+ * messages from 64 further pods: every one is counted as refused, none
+ * stored or registered. Prints kvidxd's CPU time per refused message (the
+ * pod's topic is looked up in a hash, not a scan of the 4,096), not asserted.
+ */
+static void test_full_endpoint_flood(void **state)
+{
+    (void)state;
+    struct kfx_daemon d;
+    char ep[64], topic[48];
+    start_zbind(&d, "=4", "0", "4096", ep, sizeof ep);
+    struct kvidx_pub *p = pod_pub(ep, "kv@probe@m");
+    sync_pub(&d, p, "kv@probe@m", "kvidx_listener_unknown_topic_total");
+    for (uint32_t k = 0; k < FLOOD_PODS; k++) {
+        snprintf(topic, sizeof topic, "kv@pod-%04u@m", k);
+        send_empty(p, topic, 0);
+        if (k % 512 == 511) /* within the messages an endpoint holds while pods register (4,096) */
+            assert_true(KFX_WAIT(kfx_metric(&d, "kvidx_zmq_bind_pods_created_total") == k + 1, KFX_WAIT_MS));
+    }
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), FLOOD_PODS);
+    assert_int_equal(kfx_metric(&d, "kvidx_listener_held_dropped_total"), 0);
+
+    uint64_t cpu0 = proc_cpu_ns(d.pid);
+    for (uint32_t i = 0; i < FLOOD_MSGS; i++) {
+        snprintf(topic, sizeof topic, "kv@flood-%02u@m", i % 64);
+        send_empty(p, topic, i / 64);
+    }
+    assert_true(KFX_WAIT(kfx_metric(&d, "kvidx_zmq_bind_pods_refused_total") == FLOOD_MSGS, KFX_WAIT_MS));
+    uint64_t cpu1 = proc_cpu_ns(d.pid);
+    printf("kvidxd, %u pods on the endpoint: %u refused messages, %.0f ns CPU each (whole process)\n", FLOOD_PODS,
+           FLOOD_MSGS, (double)(cpu1 - cpu0) / FLOOD_MSGS);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), FLOOD_PODS);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods_created_total"), FLOOD_PODS);
+    assert_false(kfx_get_has(&d, "/workers?model_name=m", 200, "flood-"));
+    kvidx_pub_destroy(p);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -597,6 +670,7 @@ int main(void)
         cmocka_unit_test_teardown(test_learnt_block_size_and_idle_pod, teardown),
         cmocka_unit_test_teardown(test_http_bind_unbind, teardown),
         cmocka_unit_test_teardown(test_vllm_wire_form, teardown),
+        cmocka_unit_test_teardown(test_full_endpoint_flood, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
