@@ -66,7 +66,7 @@ struct svc_zbind {
     bool from_flag;           /* --zmq-bind (else POST /zmq/bind): control thread, read under svc->mu */
     bool open;                /* bound and taking pods: written under svc->mu and mu, read under either */
     pthread_mutex_t mu;       /* topics, block_size, open */
-    uint32_t block_size;      /* 0 = learnt per model */
+    uint32_t block_size;      /* 0 = learnt per model: written by the control thread under svc->mu and mu */
     struct ztopic **topics;   /* pods registered or about to be: a hash by topic, n_buckets a power of
                                  two (or 0), at most one topic per bucket on average */
     size_t n_topics, n_buckets;
@@ -392,9 +392,11 @@ static int zb_bind(struct kvi_service *svc, struct svc_zbind *zb, uint32_t block
         kvi_log_error("zmq-bind %s: out of memory: not bound", zb->endpoint);
         return -ENOMEM;
     }
+    pthread_mutex_lock(&svc->mu); /* GET /zmq/binds reads it under svc->mu, zb_unknown under zb->mu */
     pthread_mutex_lock(&zb->mu);
     zb->block_size = block_size;
     pthread_mutex_unlock(&zb->mu);
+    pthread_mutex_unlock(&svc->mu);
     struct kvi_listener_bind_spec bs = {
         .endpoint = zb->endpoint, .prefix = ZB_PREFIX, .on_unknown = zb_unknown, .ctx = zb};
     zb_set_open(zb, true); /* before the first on_unknown */
