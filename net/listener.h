@@ -491,7 +491,9 @@ int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_
  * for it any more, its held messages are dropped and its prefix is
  * unsubscribed. The socket closes now when no registration names the
  * endpoint, else with the last of them (unregister them first to free the
- * port at once). It may then be opened again. Any thread, as unregister.
+ * port). Once no registration names it, it may be opened again
+ * (kvi_listeners_bind_open answers -EEXIST before). Any thread, as
+ * unregister.
  * @return 0; -ENOENT (@p endpoint is not an open bind endpoint).
  */
 int kvi_listeners_bind_close(struct kvi_listeners *lp, const char *endpoint);
