@@ -81,6 +81,9 @@ enum kvi_route {
     KVI_R_GLOBAL_VIEW,     /* GET  /global_view       Conductor */
     KVI_R_SERVICES,        /* GET  /services          Conductor */
     KVI_R_NATS_SOURCES,    /* POST /nats/sources      kvidx (api/README.md, "Dynamo on NATS") */
+    KVI_R_ZMQ_BIND,        /* POST /zmq/bind          kvidx (api/README.md, "llm-d: engines that connect") */
+    KVI_R_ZMQ_UNBIND,      /* POST /zmq/unbind        kvidx */
+    KVI_R_ZMQ_BINDS,       /* GET  /zmq/binds         kvidx */
     KVI_R_COUNT
 };
 
@@ -243,6 +246,15 @@ struct kvi_dyn_nats_source {
     uint32_t block_size;
 };
 
+/**
+ * POST /zmq/bind and /zmq/unbind: a bind endpoint for engines that connect
+ * (llm-d), as --zmq-bind ENDPOINT[=BLOCK_SIZE] (block_size only on /zmq/bind).
+ */
+struct kvi_dyn_zbind {
+    struct kvi_str endpoint;
+    uint32_t block_size; /* 0 when absent or null: each model's from its first BlockStored */
+};
+
 /** POST /test/pause_listener and /test/resume_listener (§1.14). */
 struct kvi_dyn_listener_ctl {
     uint64_t instance_id;
@@ -281,6 +293,9 @@ int kvi_dyn_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct k
  * Errors: 400 (malformed, or neither a subject nor a stream), 422 (a field's type or range).
  * Strings point into the body or @p s. @return 0 or a negative errno with @p err filled.
  */
+/** POST /zmq/bind (@p unbind false) or /zmq/unbind ("endpoint" only). Returns as above. */
+int kvi_dyn_parse_zbind(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s, bool unbind,
+                        struct kvi_dyn_zbind *out, struct kvi_api_err *err);
 int kvi_dyn_parse_nats_source(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
                               struct kvi_dyn_nats_source *out, struct kvi_api_err *err);
 int kvi_dyn_parse_listener_ctl(const void *body, size_t len, enum kvi_ctype ct,
@@ -317,6 +332,8 @@ int kvi_dyn_err_peer_not_found(struct kvi_api_err *e);
 /** A NATS source that cannot be added: @p status (409 without --nats, 400 a bad source, 429 too many
  * models, 500) and the reason. */
 int kvi_dyn_err_nats(struct kvi_api_err *e, int status, const char *what);
+/** A /zmq/bind or /zmq/unbind refusal: @p status with the message "zmq-bind <endpoint>: <what>". */
+int kvi_dyn_err_zbind(struct kvi_api_err *e, int status, const char *endpoint, const char *what);
 /** 404 "listener for instance {id} dp_rank {r} not found". */
 int kvi_dyn_err_listener_not_found(struct kvi_api_err *e, uint64_t id, uint32_t rank);
 /** 409 "listener for instance {id} dp_rank {r} is {status}: not pausable|not resumable". */

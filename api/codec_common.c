@@ -41,6 +41,9 @@ static const struct {
     [KVI_R_GLOBAL_VIEW] = {"/global_view", "GET"},
     [KVI_R_SERVICES] = {"/services", "GET"},
     [KVI_R_NATS_SOURCES] = {"/nats/sources", "POST"},
+    [KVI_R_ZMQ_BIND] = {"/zmq/bind", "POST"},
+    [KVI_R_ZMQ_UNBIND] = {"/zmq/unbind", "POST"},
+    [KVI_R_ZMQ_BINDS] = {"/zmq/binds", "GET"},
 };
 
 enum kvi_route kvi_route_of(const char *path, size_t len)

@@ -149,6 +149,24 @@ int kvi_dyn_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct k
     return r;
 }
 
+static const struct kvi_field zbind_fields[] = {
+    F("endpoint", KVI_FK_STR, KVI_FF_REQ | KVI_FF_NONEMPTY, 0, struct kvi_dyn_zbind, endpoint),
+    F("block_size", KVI_FK_U32_NZ, KVI_FF_NULL, 1, struct kvi_dyn_zbind, block_size),
+};
+
+int kvi_dyn_parse_zbind(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s, bool unbind,
+                        struct kvi_dyn_zbind *out, struct kvi_api_err *err)
+{
+    struct kvi_pctx c;
+    memset(out, 0, sizeof(*out));
+    int r = kvi_parse__begin(&c, KVI_DIALECT_DYNAMO, unbind ? "ZmqUnbindRequest" : "ZmqBindRequest", body, len, ct,
+                             false, s, err);
+    uint64_t seen;
+    if (r == 0)
+        r = kvi_parse__fields(&c, zbind_fields, unbind ? 1 : KVI_ARRAY_LEN(zbind_fields), out, &seen);
+    return r;
+}
+
 static const struct kvi_field nats_fields[] = {
     F("subject", KVI_FK_STR, KVI_FF_NULL | KVI_FF_NONEMPTY, 0, struct kvi_dyn_nats_source, subject),
     F("stream", KVI_FK_STR, KVI_FF_NULL | KVI_FF_NONEMPTY, 1, struct kvi_dyn_nats_source, stream),
@@ -313,6 +331,11 @@ int kvi_dyn_err_peer_not_found(struct kvi_api_err *e)
 int kvi_dyn_err_nats(struct kvi_api_err *e, int status, const char *what)
 {
     return kvi_err__set(e, status, NULL, NULL, -1, "%s", what);
+}
+
+int kvi_dyn_err_zbind(struct kvi_api_err *e, int status, const char *endpoint, const char *what)
+{
+    return kvi_err__set(e, status, NULL, NULL, -1, "zmq-bind %.200s: %s", endpoint, what);
 }
 
 int kvi_dyn_err_listener_not_found(struct kvi_api_err *e, uint64_t id, uint32_t rank)

@@ -129,6 +129,16 @@ void kvi_routes_dyn_ctl(struct kvi_service *svc, struct kvi_ctl_req *c)
         status = 201;
         break;
     }
+    case KVI_R_ZMQ_BIND:
+    case KVI_R_ZMQ_UNBIND: {
+        struct kvi_dyn_zbind r;
+        bool bind = c->route == KVI_R_ZMQ_BIND, created = false;
+        rc = kvi_dyn_parse_zbind(c->body, c->len, c->ct, &s, !bind, &r, &err);
+        if (rc == 0)
+            rc = bind ? kvi_service_ctl_zbind_open(svc, &r, &created, &err) : kvi_service_ctl_zbind_close(svc, &r, &err);
+        status = bind ? 201 : 200;
+        break;
+    }
     case KVI_R_TEST_PAUSE:
     case KVI_R_TEST_RESUME: {
         struct kvi_dyn_listener_ctl r;
@@ -257,6 +267,25 @@ static void h_nats_source(const struct kvi_http_req *req, struct kvi_http_res *r
     kvi_routes_to_control(ud, req, res, KVI_R_NATS_SOURCES);
 }
 
+static void h_zmq_bind(const struct kvi_http_req *req, struct kvi_http_res *res, void *ud)
+{
+    kvi_routes_to_control(ud, req, res, KVI_R_ZMQ_BIND);
+}
+
+static void h_zmq_unbind(const struct kvi_http_req *req, struct kvi_http_res *res, void *ud)
+{
+    kvi_routes_to_control(ud, req, res, KVI_R_ZMQ_UNBIND);
+}
+
+static void h_zmq_binds(const struct kvi_http_req *req, struct kvi_http_res *res, void *ud)
+{
+    struct kvi_routes *rt = ud;
+    struct kvi_route_thread *t = req->thread_ctx;
+    kvi_buf_reset(&t->out);
+    kvi_service_encode_zbinds(rt->svc, &t->out);
+    kvi_routes_send(res, 200, KVI_MIME_JSON, &t->out);
+}
+
 static void h_pause(const struct kvi_http_req *req, struct kvi_http_res *res, void *ud)
 {
     kvi_routes_to_control(ud, req, res, KVI_R_TEST_PAUSE);
@@ -322,7 +351,10 @@ int kvi_routes_dyn_mount(struct kvi_routes *rt, struct kvi_http_server *srv)
         (rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/peers", h_peers, rt, &plain)) < 0 ||
         (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/register_peer", h_register_peer, rt, &admin)) < 0 ||
         (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/deregister_peer", h_deregister_peer, rt, &admin)) < 0 ||
-        (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/nats/sources", h_nats_source, rt, &admin)) < 0)
+        (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/nats/sources", h_nats_source, rt, &admin)) < 0 ||
+        (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/zmq/bind", h_zmq_bind, rt, &admin)) < 0 ||
+        (rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/zmq/unbind", h_zmq_unbind, rt, &admin)) < 0 ||
+        (rc = kvi_http_server_route(srv, KVI_HTTP_GET, "/zmq/binds", h_zmq_binds, rt, &plain)) < 0)
         return rc;
     if (rt->cfg.test_endpoints) {
         if ((rc = kvi_http_server_route(srv, KVI_HTTP_POST, "/test/pause_listener", h_pause, rt, &admin)) < 0 ||

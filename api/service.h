@@ -113,6 +113,7 @@ struct kvi_zbind_arg {
     uint32_t block_size; /* 0 = each model's from its first BlockStored (or its namespace's) */
 };
 
+#define KVI_SVC_MAX_ZBINDS 16 /* --zmq-bind and POST /zmq/bind endpoints, open or closed */
 #define KVI_SVC_DEFAULT_ZBIND_MAX_PODS 4096
 #define KVI_SVC_DEFAULT_ZBIND_IDLE_S 600
 
@@ -331,6 +332,26 @@ int kvi_service_dump(struct kvi_service *svc, kvi_dump_sink_fn sink, kvi_dump_do
  */
 int kvi_service_ctl_dyn_register(struct kvi_service *svc, const struct kvi_dyn_register *r,
                                  struct kvi_api_err *err);
+/**
+ * POST /zmq/bind: open a bind endpoint for engines that connect, as
+ * --zmq-bind ENDPOINT[=BLOCK_SIZE] (api/README.md "llm-d: engines that
+ * connect"). Idempotent: an endpoint open with the same block size is
+ * accepted as it is (*created false). Control thread.
+ * @return 0 (*created: whether it was opened now), or -EINVAL with err:
+ *         400 (invalid endpoint, or the bind failed: address in use ...),
+ *         409 (open with another block size), 429 (KVI_SVC_MAX_ZBINDS
+ *         endpoints known).
+ */
+int kvi_service_ctl_zbind_open(struct kvi_service *svc, const struct kvi_dyn_zbind *r, bool *created,
+                               struct kvi_api_err *err);
+/**
+ * POST /zmq/unbind: close an open bind endpoint (from the flag or
+ * /zmq/bind): its pods are unregistered and their blocks removed, and the
+ * port is released. Control thread. @return 0, or -EINVAL with err (404).
+ */
+int kvi_service_ctl_zbind_close(struct kvi_service *svc, const struct kvi_dyn_zbind *r, struct kvi_api_err *err);
+/** GET /zmq/binds body: the open endpoints. Any thread. */
+void kvi_service_encode_zbinds(struct kvi_service *svc, struct kvi_buf *out);
 /** POST /unregister, Dynamo (§1.6). @return 0, or -EINVAL with err (404 texts). */
 /** POST /nats/sources: start a NATS source into (model, tenant) (created if new). 409 without --nats. */
 int kvi_service_ctl_nats_source(struct kvi_service *svc, const struct kvi_dyn_nats_source *r,

@@ -157,9 +157,10 @@ struct kvi_service {
     _Atomic bool registry_loaded;
     bool nats_failed; /* control thread: the plane could not be created (logged once) */
 
-    /* --zmq-bind (api/service_zbind.c): the endpoints (created with the service) and the pods
-     * registered on them (written by the control thread under mu) */
-    struct svc_zbind *zb;
+    /* --zmq-bind and POST /zmq/bind (api/service_zbind.c): the endpoints (slots added by the
+     * control thread under mu, each freed only at destroy: a closed one is reopened in place) and
+     * the pods registered on them (written by the control thread under mu) */
+    struct svc_zbind *zb[KVI_SVC_MAX_ZBINDS];
     size_t n_zb;
     struct svc_zpod *zp;
     size_t n_zp, cap_zp;

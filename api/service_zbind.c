@@ -1,10 +1,21 @@
 /*
- * --zmq-bind: engines that connect to kvidx, the llm-d convention. Every
- * vLLM pod's publisher connects to tcp://<indexer>:<port> with the topic
- * kv@<pod-id>@<model-name>; nobody registers the pods.
+ * --zmq-bind and POST /zmq/bind: engines that connect to kvidx, the llm-d
+ * convention. Every vLLM pod's publisher connects to tcp://<indexer>:<port>
+ * with the topic kv@<pod-id>@<model-name>; nobody registers the pods.
  *
  * DESIGN (the whole service: api/service.h)
- *   Each --zmq-bind endpoint is an open bind endpoint of the listener pool
+ *   Endpoints. svc->zb holds every endpoint ever opened (at most
+ *   KVI_SVC_MAX_ZBINDS, freed at destroy only, so a pointer to one stays
+ *   valid: the listener thread's ctx, posted jobs, pods): the flag's, bound
+ *   at startup, and those of POST /zmq/bind (control thread). POST
+ *   /zmq/unbind (control thread) clears zb->open (under svc->mu and zb->mu:
+ *   zb_unknown takes no new pod, pod_add drops the posted ones), forgets
+ *   its pods (unregistered, blocks removed) and closes the listener pool's
+ *   endpoint (kvi_listeners_bind_close: no on_unknown call after it, held
+ *   messages dropped, the port released). A closed endpoint is reopened in
+ *   place.
+ *
+ *   Each open endpoint is an open bind endpoint of the listener pool
  *   (net/listener.h kvi_listeners_bind_open), subscribed to "kv@". A message
  *   whose topic no registration matches reaches zb_unknown on the endpoint's
  *   listener thread, which checks the topic's shape and the per-endpoint pod
@@ -26,7 +37,9 @@
  *   older than --zmq-bind-idle-s is unregistered, its blocks removed, and
  *   forgotten (its topic may come back as a new pod).
  *
- *   Threads: zb->topics under zb->mu (listener thread and control thread);
+ *   Threads: zb->topics (a hash by topic: zb_unknown's lookup costs one
+ *   probe, not a scan over the endpoint's pods) under zb->mu (listener
+ *   thread and control thread);
  *   svc->zp written by the control thread under svc->mu, read by /workers
  *   under it; counters relaxed atomics.
  */
@@ -34,7 +47,10 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zmq.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "api/service_internal.h"
 #include "engine/common.h"
@@ -47,11 +63,13 @@
 struct svc_zbind {
     struct kvi_service *svc;
     char *endpoint;
-    uint32_t block_size;      /* 0 = learnt per model */
-    bool open;
-    pthread_mutex_t mu;       /* topics */
-    char **topics;            /* pods registered or about to be, by topic */
-    size_t n_topics, cap_topics;
+    bool from_flag;           /* --zmq-bind (else POST /zmq/bind): control thread, read under svc->mu */
+    bool open;                /* bound and taking pods: written under svc->mu and mu, read under either */
+    pthread_mutex_t mu;       /* topics, block_size, open */
+    uint32_t block_size;      /* 0 = learnt per model: written by the control thread under svc->mu and mu */
+    struct ztopic **topics;   /* pods registered or about to be: a hash by topic, n_buckets a power of
+                                 two (or 0), at most one topic per bucket on average */
+    size_t n_topics, n_buckets;
     struct kvi_decoder *dec;  /* zb_unknown (the endpoint's listener thread) only */
     _Atomic uint64_t bad_topic, refused, no_bs;
 };
@@ -73,24 +91,77 @@ struct zpod_job {
 
 /* ---- topics (zb->mu) -------------------------------------------------------------------------- */
 
-static bool topic_find_locked(struct svc_zbind *zb, const void *t, size_t len, size_t *at)
+/* A topic of zb->topics (one allocation). */
+struct ztopic {
+    struct ztopic *next;
+    size_t len;
+    char s[];
+};
+
+static size_t topic_bucket(size_t n_buckets, const void *t, size_t len)
 {
-    for (size_t i = 0; i < zb->n_topics; i++)
-        if (strlen(zb->topics[i]) == len && memcmp(zb->topics[i], t, len) == 0) {
-            if (at != NULL)
-                *at = i;
-            return true;
+    return (size_t)XXH3_64bits(t, len) & (n_buckets - 1);
+}
+
+/* The link that points at topic @p t, or NULL. */
+static struct ztopic **topic_find_locked(struct svc_zbind *zb, const void *t, size_t len)
+{
+    if (zb->n_buckets == 0)
+        return NULL;
+    for (struct ztopic **pp = &zb->topics[topic_bucket(zb->n_buckets, t, len)]; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->len == len && memcmp((*pp)->s, t, len) == 0)
+            return pp;
+    return NULL;
+}
+
+/* Add topic @p t (not there), doubling the buckets (16 at first) to keep at most one topic per bucket. */
+static void topic_add_locked(struct svc_zbind *zb, const void *t, size_t len)
+{
+    if (zb->n_topics >= zb->n_buckets) {
+        size_t nb = zb->n_buckets ? 2 * zb->n_buckets : 16;
+        struct ztopic **tab = kvi_xcalloc(nb, sizeof *tab);
+        for (size_t i = 0; i < zb->n_buckets; i++)
+            for (struct ztopic *z = zb->topics[i], *next; z != NULL; z = next) {
+                next = z->next;
+                size_t k = topic_bucket(nb, z->s, z->len);
+                z->next = tab[k];
+                tab[k] = z;
+            }
+        free(zb->topics);
+        zb->topics = tab;
+        zb->n_buckets = nb;
+    }
+    struct ztopic *z = kvi_xmalloc(sizeof *z + len + 1);
+    z->len = len;
+    memcpy(z->s, t, len);
+    z->s[len] = '\0';
+    size_t k = topic_bucket(zb->n_buckets, t, len);
+    z->next = zb->topics[k];
+    zb->topics[k] = z;
+    zb->n_topics++;
+}
+
+/* Forget every topic (the buckets stay). */
+static void topics_clear_locked(struct svc_zbind *zb)
+{
+    for (size_t i = 0; i < zb->n_buckets; i++)
+        while (zb->topics[i] != NULL) {
+            struct ztopic *z = zb->topics[i];
+            zb->topics[i] = z->next;
+            free(z);
         }
-    return false;
+    zb->n_topics = 0;
 }
 
 static void topic_forget(struct svc_zbind *zb, const char *t)
 {
     pthread_mutex_lock(&zb->mu);
-    size_t at;
-    if (topic_find_locked(zb, t, strlen(t), &at)) {
-        free(zb->topics[at]);
-        zb->topics[at] = zb->topics[--zb->n_topics];
+    struct ztopic **pp = topic_find_locked(zb, t, strlen(t));
+    if (pp != NULL) {
+        struct ztopic *z = *pp;
+        *pp = z->next;
+        free(z);
+        zb->n_topics--;
     }
     pthread_mutex_unlock(&zb->mu);
 }
@@ -139,9 +210,11 @@ static bool zb_unknown(void *ctx, const char *endpoint, const void *topic, size_
     }
     uint32_t max = zb->svc->cfg.zbind_max_pods ? zb->svc->cfg.zbind_max_pods : KVI_SVC_DEFAULT_ZBIND_MAX_PODS;
     pthread_mutex_lock(&zb->mu);
-    bool known = topic_find_locked(zb, topic, len, NULL);
+    bool known = topic_find_locked(zb, topic, len) != NULL;
     bool ok = known;
-    if (!known && zb->n_topics >= max) {
+    if (!zb->open) {
+        ok = false; /* being closed (POST /zmq/unbind): no new pod */
+    } else if (!known && zb->n_topics >= max) {
         kvi_relaxed_add(&zb->refused, 1);
     } else if (!known) {
         uint32_t bs = zb->block_size ? zb->block_size : first_block_size(zb->dec, payload, plen);
@@ -158,11 +231,7 @@ static bool zb_unknown(void *ctx, const char *endpoint, const void *topic, size_
             j->pod[pod_len] = '\0';
             j->model = j->pod + pod_len + 1;
             if (kvi_service_post(zb->svc, pod_add, j) == 0) {
-                if (zb->n_topics == zb->cap_topics) {
-                    zb->cap_topics = zb->cap_topics ? 2 * zb->cap_topics : 16;
-                    zb->topics = kvi_xrealloc(zb->topics, zb->cap_topics * sizeof *zb->topics);
-                }
-                zb->topics[zb->n_topics++] = xstrndup(topic, len);
+                topic_add_locked(zb, topic, len);
                 ok = true;
             } else {
                 free(j);
@@ -181,6 +250,10 @@ static void pod_add(struct kvi_service *svc, void *arg)
     struct svc_zbind *zb = j->zb;
     char topic[KVI_LISTEN_NAME_MAX];
     snprintf(topic, sizeof topic, ZB_PREFIX "%s@%s", j->pod, j->model);
+    if (!zb->open) { /* closed after zb_unknown posted this (its topics were cleared) */
+        free(j);
+        return;
+    }
     bool created;
     struct kvi_ns *ns = kvi_svc__ns_get(svc, j->model, ZB_TENANT, j->block_size, &created);
     int64_t dense = -ENOMEM;
@@ -223,7 +296,7 @@ static void pod_add(struct kvi_service *svc, void *arg)
     free(j);
 }
 
-/* Unregister pod i, remove its blocks and forget it. */
+/* Unregister pod i, remove its blocks and forget it: idle for @p idle_s seconds, or (0) its endpoint closes. */
 static void pod_forget(struct kvi_service *svc, size_t i, uint64_t idle_s)
 {
     struct svc_zpod p = svc->zp[i];
@@ -237,9 +310,14 @@ static void pod_forget(struct kvi_service *svc, size_t i, uint64_t idle_s)
     pthread_mutex_lock(&svc->mu);
     svc->zp[i] = svc->zp[--svc->n_zp];
     pthread_mutex_unlock(&svc->mu);
-    kvi_log_info("zmq-bind %s: pod %s of model %s forgotten: no message for %" PRIu64 " s, its blocks dropped",
-                 p.zb->endpoint, p.pod, p.ns->model, idle_s);
-    kvi_relaxed_add(&svc->zb_forgotten, 1);
+    if (idle_s > 0) {
+        kvi_log_info("zmq-bind %s: pod %s of model %s forgotten: no message for %" PRIu64 " s, its blocks dropped",
+                     p.zb->endpoint, p.pod, p.ns->model, idle_s);
+        kvi_relaxed_add(&svc->zb_forgotten, 1);
+    } else {
+        kvi_log_info("zmq-bind %s: pod %s of model %s unregistered with its endpoint, its blocks dropped",
+                     p.zb->endpoint, p.pod, p.ns->model);
+    }
     kvi_svc__ns_ref(svc, p.ns, -1);
     free(p.pod);
     free(p.topic);
@@ -272,43 +350,174 @@ uint64_t kvi_svc__zbind_sweep(struct kvi_service *svc)
     return period;
 }
 
-/* ---- set-up and teardown ---------------------------------------------------------------------- */
+/* ---- endpoints: set-up, POST /zmq/bind and /zmq/unbind, teardown ----------------------------- */
+
+/* A new endpoint slot (closed), added under svc->mu. NULL when KVI_SVC_MAX_ZBINDS are known. */
+static struct svc_zbind *zb_add(struct kvi_service *svc, const char *endpoint, uint32_t block_size, bool from_flag)
+{
+    if (svc->n_zb == KVI_SVC_MAX_ZBINDS)
+        return NULL;
+    struct svc_zbind *zb = kvi_xcalloc(1, sizeof *zb);
+    zb->svc = svc;
+    zb->endpoint = xstrdup(endpoint);
+    zb->block_size = block_size;
+    zb->from_flag = from_flag;
+    pthread_mutex_init(&zb->mu, NULL);
+    pthread_mutex_lock(&svc->mu);
+    svc->zb[svc->n_zb++] = zb;
+    pthread_mutex_unlock(&svc->mu);
+    return zb;
+}
+
+static void zb_set_open(struct svc_zbind *zb, bool open)
+{
+    pthread_mutex_lock(&zb->svc->mu);
+    pthread_mutex_lock(&zb->mu);
+    zb->open = open;
+    pthread_mutex_unlock(&zb->mu);
+    pthread_mutex_unlock(&zb->svc->mu);
+}
+
+#define ZB_REBIND_WAIT_MS 2000 /* a port closed by /zmq/unbind: libzmq releases it in the background */
+
+/*
+ * Bind closed endpoint @p zb with @p block_size. An endpoint bound before
+ * (@p was_open) is retried for up to ZB_REBIND_WAIT_MS while its port is
+ * still in use: libzmq closes a listening socket on its I/O thread after
+ * zmq_close returned. Control thread. @return 0 or -errno (logged).
+ */
+static int zb_bind(struct kvi_service *svc, struct svc_zbind *zb, uint32_t block_size, bool was_open)
+{
+    if (zb->dec == NULL && (zb->dec = kvi_decoder_create()) == NULL) {
+        kvi_log_error("zmq-bind %s: out of memory: not bound", zb->endpoint);
+        return -ENOMEM;
+    }
+    pthread_mutex_lock(&svc->mu); /* GET /zmq/binds reads it under svc->mu, zb_unknown under zb->mu */
+    pthread_mutex_lock(&zb->mu);
+    zb->block_size = block_size;
+    pthread_mutex_unlock(&zb->mu);
+    pthread_mutex_unlock(&svc->mu);
+    struct kvi_listener_bind_spec bs = {
+        .endpoint = zb->endpoint, .prefix = ZB_PREFIX, .on_unknown = zb_unknown, .ctx = zb};
+    zb_set_open(zb, true); /* before the first on_unknown */
+    int rc = kvi_listeners_bind_open(svc->listeners, &bs);
+    for (int waited = 0; rc == -EADDRINUSE && was_open && waited < ZB_REBIND_WAIT_MS; waited += 10) {
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+        rc = kvi_listeners_bind_open(svc->listeners, &bs);
+    }
+    if (rc != 0) {
+        zb_set_open(zb, false);
+        kvi_log_error("zmq-bind %s: cannot bind: %s", zb->endpoint, rc == -EINVAL ? "invalid endpoint"
+                                                                                 : zmq_strerror(-rc));
+        return rc;
+    }
+    kvi_log_info("zmq-bind %s: bound, waiting for engines (topic kv@<pod-id>@<model-name>)", zb->endpoint);
+    return 0;
+}
 
 void kvi_svc__zbind_init(struct kvi_service *svc)
 {
-    svc->n_zb = svc->cfg.n_zbinds;
-    svc->zb = svc->n_zb ? kvi_xcalloc(svc->n_zb, sizeof *svc->zb) : NULL;
-    for (size_t i = 0; i < svc->n_zb; i++) {
-        struct svc_zbind *zb = &svc->zb[i];
-        zb->svc = svc;
-        zb->endpoint = xstrdup(svc->cfg.zbinds[i].endpoint);
-        zb->block_size = svc->cfg.zbinds[i].block_size;
-        pthread_mutex_init(&zb->mu, NULL);
-    }
+    for (size_t i = 0; i < svc->cfg.n_zbinds && i < KVI_SVC_MAX_ZBINDS; i++)
+        (void)zb_add(svc, svc->cfg.zbinds[i].endpoint, svc->cfg.zbinds[i].block_size, true);
     svc->cfg.zbinds = NULL; /* not kept: the copies above are */
 }
 
 void kvi_svc__zbind_start(struct kvi_service *svc)
 {
-    for (size_t i = 0; i < svc->n_zb; i++) {
-        struct svc_zbind *zb = &svc->zb[i];
-        zb->dec = kvi_decoder_create();
-        if (zb->dec == NULL) {
-            kvi_log_error("zmq-bind %s: out of memory: not bound", zb->endpoint);
-            continue;
-        }
-        struct kvi_listener_bind_spec bs = {
-            .endpoint = zb->endpoint, .prefix = ZB_PREFIX, .on_unknown = zb_unknown, .ctx = zb};
-        int rc = kvi_listeners_bind_open(svc->listeners, &bs);
-        if (rc != 0) {
-            kvi_log_error("zmq-bind %s: cannot bind: %s", zb->endpoint, rc == -EINVAL ? "invalid endpoint"
-                                                                                     : zmq_strerror(-rc));
-            continue;
-        }
-        zb->open = true;
-        kvi_log_info("zmq-bind %s: bound, waiting for engines (topic kv@<pod-id>@<model-name>)", zb->endpoint);
-    }
+    for (size_t i = 0; i < svc->n_zb; i++)
+        (void)zb_bind(svc, svc->zb[i], svc->zb[i]->block_size, false);
     kvi_svc__zbind_sweep(svc);
+}
+
+static struct svc_zbind *zb_find(struct kvi_service *svc, const char *endpoint)
+{
+    for (size_t i = 0; i < svc->n_zb; i++)
+        if (strcmp(svc->zb[i]->endpoint, endpoint) == 0)
+            return svc->zb[i];
+    return NULL;
+}
+
+/* The endpoint of @p r as a string in @p ep, or -EINVAL with err (400). */
+static int zb_endpoint(const struct kvi_dyn_zbind *r, char *ep, size_t cap, struct kvi_api_err *err)
+{
+    if (r->endpoint.len >= cap || memchr(r->endpoint.p, '\0', r->endpoint.len) != NULL)
+        return kvi_dyn_err_zbind(err, 400, "(endpoint)", "endpoint too long or with a NUL byte");
+    memcpy(ep, r->endpoint.p, r->endpoint.len);
+    ep[r->endpoint.len] = '\0';
+    char why[128];
+    if (kvi_endpoint_validate(ep, why, sizeof why) != 0)
+        return kvi_dyn_err_zbind(err, 400, ep, why);
+    return 0;
+}
+
+int kvi_service_ctl_zbind_open(struct kvi_service *svc, const struct kvi_dyn_zbind *r, bool *created,
+                               struct kvi_api_err *err)
+{
+    char ep[KVI_LISTEN_EP_MAX], why[160];
+    *created = false;
+    int rc = zb_endpoint(r, ep, sizeof ep, err);
+    if (rc != 0)
+        return rc;
+    struct svc_zbind *zb = zb_find(svc, ep);
+    if (zb != NULL && zb->open) {
+        if (zb->block_size == r->block_size)
+            return 0; /* idempotent */
+        if (zb->block_size == 0)
+            snprintf(why, sizeof why, "open without a block size (each model's from its first BlockStored)");
+        else
+            snprintf(why, sizeof why, "open with block_size %" PRIu32, zb->block_size);
+        return kvi_dyn_err_zbind(err, 409, ep, why);
+    }
+    bool fresh = zb == NULL;
+    if (fresh && (zb = zb_add(svc, ep, r->block_size, false)) == NULL) {
+        snprintf(why, sizeof why, "%d bind endpoints are known already", KVI_SVC_MAX_ZBINDS);
+        return kvi_dyn_err_zbind(err, 429, ep, why);
+    }
+    rc = zb_bind(svc, zb, r->block_size, !fresh);
+    if (rc != 0) {
+        snprintf(why, sizeof why, "cannot bind: %s", rc == -EINVAL ? "invalid endpoint" : zmq_strerror(-rc));
+        if (fresh) { /* never open: nothing refers to it */
+            pthread_mutex_lock(&svc->mu);
+            svc->n_zb--;
+            pthread_mutex_unlock(&svc->mu);
+            if (zb->dec != NULL)
+                kvi_decoder_destroy(zb->dec);
+            pthread_mutex_destroy(&zb->mu);
+            free(zb->endpoint);
+            free(zb);
+        }
+        return kvi_dyn_err_zbind(err, rc == -ENOMEM ? 500 : 400, ep, why);
+    }
+    pthread_mutex_lock(&svc->mu);
+    zb->from_flag = false;
+    pthread_mutex_unlock(&svc->mu);
+    *created = true;
+    return 0;
+}
+
+int kvi_service_ctl_zbind_close(struct kvi_service *svc, const struct kvi_dyn_zbind *r, struct kvi_api_err *err)
+{
+    char ep[KVI_LISTEN_EP_MAX];
+    int rc = zb_endpoint(r, ep, sizeof ep, err);
+    if (rc != 0)
+        return rc;
+    struct svc_zbind *zb = zb_find(svc, ep);
+    if (zb == NULL || !zb->open)
+        return kvi_dyn_err_zbind(err, 404, ep, "not an open bind endpoint");
+    zb_set_open(zb, false); /* no new pod from here on (zb_unknown, pod_add) */
+    size_t n_pods = 0;
+    for (size_t i = 0; i < svc->n_zp;)
+        if (svc->zp[i].zb == zb)
+            pod_forget(svc, i, 0), n_pods++; /* moves the last pod to i */
+        else
+            i++;
+    pthread_mutex_lock(&zb->mu);
+    topics_clear_locked(zb); /* and pods posted, not added yet: pod_add drops them */
+    pthread_mutex_unlock(&zb->mu);
+    rc = kvi_listeners_bind_close(svc->listeners, ep);
+    kvi_log_info("zmq-bind %s: closed (%zu pods unregistered)%s", ep, n_pods, rc == 0 ? "" : ": it was not bound");
+    return 0;
 }
 
 void kvi_svc__zbind_free(struct kvi_service *svc)
@@ -319,16 +528,15 @@ void kvi_svc__zbind_free(struct kvi_service *svc)
     }
     free(svc->zp);
     for (size_t i = 0; i < svc->n_zb; i++) {
-        struct svc_zbind *zb = &svc->zb[i];
-        for (size_t k = 0; k < zb->n_topics; k++)
-            free(zb->topics[k]);
+        struct svc_zbind *zb = svc->zb[i];
+        topics_clear_locked(zb);
         free(zb->topics);
         if (zb->dec != NULL)
             kvi_decoder_destroy(zb->dec);
         pthread_mutex_destroy(&zb->mu);
         free(zb->endpoint);
+        free(zb);
     }
-    free(svc->zb);
 }
 
 /* ---- inspection (any thread) ------------------------------------------------------------------ */
@@ -341,11 +549,35 @@ void kvi_service_zbind_counters(struct kvi_service *svc, struct kvi_zbind_counte
     pthread_mutex_unlock(&svc->mu);
     out->pods_created = atomic_load_explicit(&svc->zb_created, memory_order_relaxed);
     out->pods_forgotten = atomic_load_explicit(&svc->zb_forgotten, memory_order_relaxed);
+    pthread_mutex_lock(&svc->mu);
     for (size_t i = 0; i < svc->n_zb; i++) {
-        out->bad_topic += atomic_load_explicit(&svc->zb[i].bad_topic, memory_order_relaxed);
-        out->pods_refused += atomic_load_explicit(&svc->zb[i].refused, memory_order_relaxed);
-        out->no_block_size += atomic_load_explicit(&svc->zb[i].no_bs, memory_order_relaxed);
+        out->bad_topic += atomic_load_explicit(&svc->zb[i]->bad_topic, memory_order_relaxed);
+        out->pods_refused += atomic_load_explicit(&svc->zb[i]->refused, memory_order_relaxed);
+        out->no_block_size += atomic_load_explicit(&svc->zb[i]->no_bs, memory_order_relaxed);
     }
+    pthread_mutex_unlock(&svc->mu);
+}
+
+/* The ranks pod @p key's batches named (at least one: rank 0 before any batch), in scratch; NULL on OOM. */
+static uint32_t *pod_ranks(struct kvi_service *svc, const struct kvi_listener_key *key, struct kvi_scratch *s,
+                           size_t *n)
+{
+    uint32_t few[16];
+    int rc = kvi_listeners_ranks(svc->listeners, key, few, 16);
+    size_t cap = rc > 16 ? (size_t)rc + 16 : 16; /* more ranks may come between the two calls */
+    uint32_t *r = kvi_scratch_alloc(s, cap * sizeof *r);
+    if (r == NULL)
+        return NULL;
+    if (rc > 16)
+        rc = kvi_listeners_ranks(svc->listeners, key, r, cap);
+    else if (rc > 0)
+        memcpy(r, few, (size_t)rc * sizeof *r);
+    *n = rc > 0 ? KVI_MIN((size_t)rc, cap) : 0;
+    if (*n == 0) {
+        r[0] = 0;
+        *n = 1;
+    }
+    return r;
 }
 
 size_t kvi_svc__zbind_worker_views(struct kvi_service *svc, const struct kvi_dyn_workers_filter *f,
@@ -363,27 +595,68 @@ size_t kvi_svc__zbind_worker_views(struct kvi_service *svc, const struct kvi_dyn
             continue;
         if (f != NULL && f->has_tenant && !kvi_str_eq(f->tenant_id, p->ns->tenant))
             continue;
-        struct kvi_listener_view *lv = kvi_scratch_alloc(s, sizeof *lv);
+        struct kvi_listener_key key = {p->ns->ix, 0, p->pod, 0};
+        size_t n_ranks;
+        uint32_t *ranks = pod_ranks(svc, &key, s, &n_ranks);
+        struct kvi_listener_view *lv = ranks ? kvi_scratch_alloc(s, n_ranks * sizeof *lv) : NULL;
         if (lv == NULL)
             break;
-        *lv = (struct kvi_listener_view){.dp_rank = 0, .endpoint = p->zb->endpoint, .status = KVI_LS_FAILED,
-                                         .last_error = "listener not found", .has_liveness = true};
-        struct kvi_listener_key key = {p->ns->ix, 0, p->pod, 0};
+        /* one registration (one topic) carries every rank: each rank shows its status and liveness */
+        struct kvi_listener_view one = {.dp_rank = 0, .endpoint = p->zb->endpoint, .status = KVI_LS_FAILED,
+                                        .last_error = "listener not found", .has_liveness = true};
         if (kvi_listeners_get(svc->listeners, &key, info) == 0) {
-            lv->status = info->state == KVI_LISTENER_ACTIVE    ? KVI_LS_ACTIVE
+            one.status = info->state == KVI_LISTENER_ACTIVE    ? KVI_LS_ACTIVE
                          : info->state == KVI_LISTENER_PENDING ? KVI_LS_PENDING
                          : info->state == KVI_LISTENER_PAUSED  ? KVI_LS_PAUSED
                                                                : KVI_LS_FAILED;
-            lv->last_error = NULL;
-            lv->messages = info->ctr.messages;
-            lv->has_last_message = info->last_message_set;
-            lv->seconds_since_last_message = info->last_message_age_ns / 1000000000u;
-            lv->connected = (int8_t)(!info->monitored ? -1 : info->connected ? 1 : 0);
+            one.last_error = NULL;
+            one.messages = info->ctr.messages;
+            one.has_last_message = info->last_message_set;
+            one.seconds_since_last_message = info->last_message_age_ns / 1000000000u;
+            one.connected = (int8_t)(!info->monitored ? -1 : info->connected ? 1 : 0);
         }
-        v[n++] = (struct kvi_worker_view){0,  p->ns->model, p->ns->tenant, p->ns->block_size, "zmq-bind", lv, 1,
+        for (size_t k = 0; k < n_ranks; k++) {
+            lv[k] = one;
+            lv[k].dp_rank = ranks[k];
+        }
+        v[n++] = (struct kvi_worker_view){0,  p->ns->model, p->ns->tenant, p->ns->block_size, "zmq-bind", lv, n_ranks,
                                           p->pod};
     }
     free(info);
     *out = v;
     return n;
+}
+
+void kvi_service_encode_zbinds(struct kvi_service *svc, struct kvi_buf *out)
+{
+    struct kvi_wr w;
+    kvi_wr_init(&w, out, KVI_ENC_JSON);
+    pthread_mutex_lock(&svc->mu);
+    uint32_t n = 0;
+    for (size_t i = 0; i < svc->n_zb; i++)
+        n += svc->zb[i]->open;
+    kvi_wr_arr(&w, n);
+    for (size_t i = 0; i < svc->n_zb; i++) {
+        const struct svc_zbind *zb = svc->zb[i];
+        if (!zb->open)
+            continue;
+        uint64_t pods = 0;
+        for (size_t k = 0; k < svc->n_zp; k++)
+            pods += svc->zp[k].zb == zb;
+        kvi_wr_obj(&w, 4);
+        kvi_wr_keyz(&w, "endpoint");
+        kvi_wr_strz(&w, zb->endpoint);
+        kvi_wr_keyz(&w, "block_size");
+        if (zb->block_size != 0)
+            kvi_wr_u64(&w, zb->block_size);
+        else
+            kvi_wr_null(&w);
+        kvi_wr_keyz(&w, "source");
+        kvi_wr_strz(&w, zb->from_flag ? "flag" : "http");
+        kvi_wr_keyz(&w, "pods");
+        kvi_wr_u64(&w, pods);
+        kvi_wr_end(&w);
+    }
+    kvi_wr_end(&w);
+    pthread_mutex_unlock(&svc->mu);
 }

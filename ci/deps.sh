@@ -11,7 +11,7 @@ PKGS=(
   libcurl4-openssl-dev curl nghttp2-client
   nats-server libnats-dev libprotobuf-c1
   clang libclang-rt-14-dev
-  python3 python3-xxhash python3-msgpack
+  python3 python3-xxhash python3-msgpack python3-zmq
   gnuplot-nox
 )
 # `ci/deps.sh profile` also installs the profiling tools (perf/profile.sh).

@@ -30,7 +30,8 @@
  *   Open bind endpoints (kvi_listeners_bind_open). CMD_BIND_OPEN hands the
  *   thread a bind_ep marked held_open: it is bound and its prefix subscribed
  *   like a member's topic, and it survives its last member (freed at
- *   CMD_STOP). An unmatched message goes to on_unknown (bind_hold); one it
+ *   CMD_STOP, or by CMD_BIND_CLOSE, which clears held_open and frees it now
+ *   when memberless, else with its last member). An unmatched message goes to on_unknown (bind_hold); one it
  *   accepts is moved out of t->fr into the endpoint's held array (oldest
  *   first, bounded), and exec_add hands a new member the held messages it
  *   matches (bind_release_held) right after lis_start, before the thread
@@ -60,6 +61,8 @@
  *   Ranks. Each listener keeps the ranks its batches named since the last
  *   clear (a sorted array, owner thread, grown once per new rank and never
  *   past the pool's max_ranks), so a restart clears every one of them. The
+ *   owner thread changes the set (and own_rank_seen) under pool->mu, once per
+ *   new rank or clear, so that kvi_listeners_ranks can read it. The
  *   bound itself is pool->max_ranks, a relaxed atomic read per new rank:
  *   the setter hands over a number, nothing else.
  *
@@ -86,6 +89,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "engine/common.h"
 #include "net/log.h"
@@ -472,9 +477,73 @@ static void bind_free(struct lis_thread *t, struct bind_ep *b)
         held_free(&b->held[i]);
     free(b->held);
     free(b->members);
+    free(b->xtab);
+    free(b->pfx);
     free(b->prefix);
     free(b->endpoint);
     free(b);
+}
+
+/* ---- a bind endpoint's members by topic (owner thread) ---- */
+
+static uint32_t xt_bucket(uint32_t cap, const void *topic, size_t len)
+{
+    return (uint32_t)XXH3_64bits(topic, len) & (cap - 1);
+}
+
+/* Double the exact-topic hash (16 buckets at first) and rehash its chains. */
+static void xt_grow(struct bind_ep *b)
+{
+    uint32_t cap = b->xcap ? 2 * b->xcap : 16;
+    struct listener **tab = kvi_xcalloc(cap, sizeof *tab);
+    for (uint32_t i = 0; i < b->xcap; i++)
+        for (struct listener *l = b->xtab[i], *next; l != NULL; l = next) {
+            next = l->xnext;
+            uint32_t k = xt_bucket(cap, l->topic, l->topic_len);
+            l->xnext = tab[k];
+            tab[k] = l;
+        }
+    free(b->xtab);
+    b->xtab = tab;
+    b->xcap = cap;
+}
+
+/* Add member @p l to the exact-topic hash (l->exact) or the prefix list. */
+static void members_index(struct bind_ep *b, struct listener *l)
+{
+    if (!l->exact) {
+        if (b->n_pfx == b->cap_pfx) {
+            b->cap_pfx = b->cap_pfx ? 2 * b->cap_pfx : 8;
+            b->pfx = kvi_xrealloc(b->pfx, b->cap_pfx * sizeof *b->pfx);
+        }
+        b->pfx[b->n_pfx++] = l;
+        return;
+    }
+    if (b->n_exact >= b->xcap)
+        xt_grow(b);
+    uint32_t k = xt_bucket(b->xcap, l->topic, l->topic_len);
+    l->xnext = b->xtab[k];
+    b->xtab[k] = l;
+    b->n_exact++;
+}
+
+static void members_unindex(struct bind_ep *b, struct listener *l)
+{
+    if (!l->exact) {
+        for (size_t i = 0; i < b->n_pfx; i++)
+            if (b->pfx[i] == l) {
+                b->pfx[i] = b->pfx[--b->n_pfx];
+                break;
+            }
+        return;
+    }
+    for (struct listener **pp = &b->xtab[xt_bucket(b->xcap, l->topic, l->topic_len)]; *pp != NULL;
+         pp = &(*pp)->xnext)
+        if (*pp == l) {
+            *pp = l->xnext;
+            b->n_exact--;
+            break;
+        }
 }
 
 static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct listener *l)
@@ -484,6 +553,7 @@ static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct l
             b->members[i] = b->members[--b->n];
             break;
         }
+    members_unindex(b, l);
     if (b->last_hit == l)
         b->last_hit = NULL;
     if (b->n > 0 || b->held_open)
@@ -491,20 +561,29 @@ static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct l
     bind_free(t, b);
 }
 
-/* The member whose topic is the longest prefix of @p topic, or NULL. */
+/*
+ * The member whose topic is the longest prefix of @p topic (an exact
+ * member's only when equal), or NULL. An exact member equal to the topic is
+ * found by one hash probe and wins: no prefix member can be longer, and
+ * none is as long (a topic is registered once per endpoint). The prefix
+ * members are scanned, last_hit first.
+ */
 static struct listener *bind_match(struct bind_ep *b, const void *topic, size_t len)
 {
+    if (b->n_exact > 0)
+        for (struct listener *m = b->xtab[xt_bucket(b->xcap, topic, len)]; m != NULL; m = m->xnext)
+            if (m->topic_len == len && memcmp(m->topic, topic, len) == 0)
+                return m;
     struct listener *h = b->last_hit;
     struct listener *best = NULL;
-    if (h != NULL && (h->exact ? h->topic_len == len : h->topic_len <= len) &&
-        memcmp(h->topic, topic, h->topic_len) == 0) {
+    if (h != NULL && h->topic_len <= len && memcmp(h->topic, topic, h->topic_len) == 0) {
         best = h;
-        if (b->n == 1)
+        if (b->n_pfx == 1)
             return best;
     }
-    for (size_t i = 0; i < b->n; i++) {
-        struct listener *m = b->members[i];
-        if ((m->exact ? m->topic_len == len : m->topic_len <= len) && (best == NULL || m->topic_len > best->topic_len) &&
+    for (size_t i = 0; i < b->n_pfx; i++) {
+        struct listener *m = b->pfx[i];
+        if (m->topic_len <= len && (best == NULL || m->topic_len > best->topic_len) &&
             memcmp(m->topic, topic, m->topic_len) == 0)
             best = m;
     }
@@ -532,6 +611,7 @@ static bool admit_rank(struct listener *l, uint32_t r)
     uint32_t max = atomic_load_explicit(&l->lp->max_ranks, memory_order_relaxed);
     if ((uint64_t)l->n_ranks + 1 >= max)
         return false;
+    pthread_mutex_lock(&l->lp->mu); /* kvi_listeners_ranks reads the set */
     if (l->n_ranks == l->cap_ranks) {
         l->cap_ranks = l->cap_ranks ? l->cap_ranks * 2 : 8;
         l->ranks = kvi_xrealloc(l->ranks, l->cap_ranks * sizeof *l->ranks);
@@ -539,6 +619,7 @@ static bool admit_rank(struct listener *l, uint32_t r)
     memmove(l->ranks + lo + 1, l->ranks + lo, (l->n_ranks - lo) * sizeof *l->ranks);
     l->ranks[lo] = r;
     l->n_ranks++;
+    pthread_mutex_unlock(&l->lp->mu);
     return true;
 }
 
@@ -570,6 +651,11 @@ static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
         kvi_decoder_trim(t->dec);
         return KVI_STREAM_SKIPPED;
     }
+    if (!l->own_rank_seen && (!b.has_dp_rank || b.dp_rank == l->dp_rank)) {
+        pthread_mutex_lock(&l->lp->mu); /* once per clear */
+        l->own_rank_seen = true;
+        pthread_mutex_unlock(&l->lp->mu);
+    }
     /* the ops publish W + 1 (before this batch), the batch's last one seq + 1 */
     l->tgt.applied1 = kvi_wm_next(&l->stream.wm);
     l->tgt.applied1_end = seq + 1;
@@ -588,7 +674,10 @@ static void cb_clear(void *ctx)
     kvi_ingest_reset_rank(&l->tgt, l->dp_rank, l->thr->prod);
     for (uint32_t i = 0; i < l->n_ranks; i++)
         kvi_ingest_reset_rank(&l->tgt, l->ranks[i], l->thr->prod);
+    pthread_mutex_lock(&l->lp->mu);
     l->n_ranks = 0;
+    l->own_rank_seen = false;
+    pthread_mutex_unlock(&l->lp->mu);
 }
 
 static int dealer_open(struct listener *l)
@@ -1096,6 +1185,7 @@ static void exec_add(struct lis_thread *t, struct listener *l)
             b->members = kvi_xrealloc(b->members, b->cap * sizeof *b->members);
         }
         b->members[b->n++] = l;
+        members_index(b, l);
         l->bind = b;
     }
     lis_start(l);
@@ -1114,6 +1204,26 @@ static int exec_bind_open(struct lis_thread *t, struct bind_ep *b)
     if (rc != 0)
         bind_free(t, b);
     return rc;
+}
+
+/* Close open bind endpoint @p ep (CMD_BIND_CLOSE): no more on_unknown, held messages dropped, prefix
+ * unsubscribed; the socket goes with its last member (now when it has none). */
+static void exec_bind_close(struct lis_thread *t, const char *ep)
+{
+    struct bind_ep *b = bind_find(t, ep);
+    if (b == NULL || !b->held_open)
+        return;
+    b->held_open = false;
+    b->on_unknown = NULL;
+    for (size_t i = 0; i < b->n_held; i++)
+        held_free(&b->held[i]);
+    b->n_held = 0;
+    if (b->n == 0) {
+        bind_free(t, b);
+        return;
+    }
+    if (b->bound)
+        (void)zmq_setsockopt(b->sock.zs, ZMQ_UNSUBSCRIBE, b->prefix, b->prefix_len);
 }
 
 static void exec_remove(struct lis_thread *t, struct listener *l)
@@ -1169,6 +1279,9 @@ static void exec_cmd(struct lis_thread *t, struct cmd *c)
         break;
     case CMD_BIND_OPEN:
         c->rc = exec_bind_open(t, (struct bind_ep *)(uintptr_t)c->arg);
+        break;
+    case CMD_BIND_CLOSE:
+        exec_bind_close(t, (const char *)(uintptr_t)c->arg);
         break;
     case CMD_SEED:
         /* only before anything was drained: W must name the recovered state */

@@ -23,7 +23,8 @@
  *                         message goes to the registration whose topic is the
  *                         longest prefix of frame 0 (use delimited prefixes
  *                         such as "kv@pod-1@"; a registration with
- *                         exact_topic matches frame 0 only when equal).
+ *                         exact_topic matches frame 0 only when equal,
+ *                         found by one hash probe: no scan over them).
  *                         Unmatched topics are counted.
  *
  *   Open bind endpoints (kvi_listeners_bind_open): a bind endpoint the pool
@@ -474,7 +475,8 @@ struct kvi_listener_bind_spec {
 
 /**
  * Open a bind endpoint that stays bound without registrations (open bind
- * endpoints, MODES above) until the pool is destroyed. Bind-mode
+ * endpoints, MODES above) until kvi_listeners_bind_close or the pool is
+ * destroyed. Bind-mode
  * registrations naming the same endpoint share its socket (their topics are
  * subscribed as usual; the prefix stays subscribed). Any thread, as
  * register.
@@ -483,6 +485,26 @@ struct kvi_listener_bind_spec {
  *         (-EADDRINUSE ...), in which case nothing is kept.
  */
 int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_bind_spec *spec);
+
+/**
+ * Close an open bind endpoint: once this returns, on_unknown is not called
+ * for it any more, its held messages are dropped and its prefix is
+ * unsubscribed. The socket closes now when no registration names the
+ * endpoint, else with the last of them (unregister them first to free the
+ * port). Once no registration names it, it may be opened again
+ * (kvi_listeners_bind_open answers -EEXIST before). Any thread, as
+ * unregister.
+ * @return 0; -ENOENT (@p endpoint is not an open bind endpoint).
+ */
+int kvi_listeners_bind_close(struct kvi_listeners *lp, const char *endpoint);
+
+/**
+ * The dp ranks the batches of registration @p key named since its last
+ * clear (a restart, a clear policy: RANKS), ascending; its registered rank
+ * counts once a batch used it (naming it, or no rank). Any thread.
+ * @return how many there are (the first @p cap written to @p out), or -ENOENT.
+ */
+int kvi_listeners_ranks(struct kvi_listeners *lp, const struct kvi_listener_key *key, uint32_t *out, size_t cap);
 
 /** The current bound of kvi_listeners_set_max_ranks. Any thread. */
 uint32_t kvi_listeners_max_ranks(const struct kvi_listeners *lp);

@@ -68,6 +68,7 @@ struct listener {
     struct kvi_listeners *lp;
     struct listener *next, *prev; /* registry list, newest first: pool->mu */
     struct listener *hnext;       /* registry hash chain by (ix, instance, dp_rank): pool->mu */
+    struct listener *xnext;       /* bind mode, exact topic: its bind_ep's topic hash chain (owner thread) */
 
     /* pool->mu */
     uint8_t state;
@@ -83,8 +84,10 @@ struct listener {
     uint32_t warn_budget;
     bool ranks_warned;   /* the rank bound's warning was printed (once per registration) */
     uint32_t *ranks;     /* batch ranks other than dp_rank carried since the last clear: sorted,
-                            unique, fewer than the pool's max_ranks when added (net/listener.h RANKS) */
+                            unique, fewer than the pool's max_ranks when added (net/listener.h RANKS);
+                            written under pool->mu (kvi_listeners_ranks reads them) */
     uint32_t n_ranks, cap_ranks;
+    bool own_rank_seen;  /* a batch used dp_rank since the last clear: written under pool->mu */
     struct kvi_stream stream;
     struct kvi_ingest_target tgt;
     char tgt_name[96];
@@ -113,6 +116,13 @@ struct bind_ep {
     bool bound;
     struct listener **members;
     size_t n, cap;
+    /* how bind_match finds a member: the exact-topic members in a hash by topic (chained through
+     * xnext, xcap a power of two or 0, at most one member per bucket on average), the others
+     * (prefix topics) in pfx, scanned for the longest, last_hit tried first */
+    struct listener **xtab;
+    uint32_t xcap, n_exact;
+    struct listener **pfx;
+    size_t n_pfx, cap_pfx;
     struct listener *last_hit;
     struct bind_ep *next;
     /* kvi_listeners_bind_open: open without members, `prefix` subscribed, unknown topics offered to
@@ -131,17 +141,19 @@ struct bind_ep {
 struct bind_reg {
     char *endpoint;
     struct lis_thread *thr;
-    uint32_t refs;
+    uint32_t refs;       /* members, plus one while open (kvi_listeners_bind_open until _bind_close) */
+    bool open;
     struct bind_reg *next;
 };
 
-enum cmd_type { CMD_ADD, CMD_REMOVE, CMD_PAUSE, CMD_RESUME, CMD_GATE, CMD_STOP, CMD_SEED, CMD_BIND_OPEN };
+enum cmd_type { CMD_ADD, CMD_REMOVE, CMD_PAUSE, CMD_RESUME, CMD_GATE, CMD_STOP, CMD_SEED, CMD_BIND_OPEN, CMD_BIND_CLOSE };
 
 struct cmd {
     uint8_t type;
     bool done;
     int rc;       /* CMD_SEED: 0 or -EBUSY */
-    uint64_t arg; /* CMD_SEED: the watermark; CMD_BIND_OPEN: the struct bind_ep * (rc: 0 or -errno) */
+    uint64_t arg; /* CMD_SEED: the watermark; CMD_BIND_OPEN: the struct bind_ep * (rc: 0 or -errno);
+                     CMD_BIND_CLOSE: the endpoint (const char *) */
     struct listener *l;
     struct cmd *next;
 };

@@ -400,7 +400,8 @@ int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_
     b = kvi_xcalloc(1, sizeof *b);
     b->endpoint = kvi_lis__strdup(spec->endpoint);
     b->thr = t;
-    b->refs = 1; /* the open endpoint's own: never released */
+    b->refs = 1; /* the open endpoint's own: released by kvi_listeners_bind_close */
+    b->open = true;
     b->next = lp->binds;
     lp->binds = b;
     pthread_mutex_unlock(&lp->mu);
@@ -418,6 +419,34 @@ int kvi_listeners_bind_open(struct kvi_listeners *lp, const struct kvi_listener_
     }
     pthread_mutex_unlock(&lp->ctl);
     return rc;
+}
+
+int kvi_listeners_bind_close(struct kvi_listeners *lp, const char *endpoint)
+{
+    pthread_mutex_lock(&lp->ctl);
+    pthread_mutex_lock(&lp->mu);
+    struct bind_reg **pp = &lp->binds;
+    while (*pp != NULL && strcmp((*pp)->endpoint, endpoint) != 0)
+        pp = &(*pp)->next;
+    struct bind_reg *b = *pp;
+    if (b == NULL || !b->open) {
+        pthread_mutex_unlock(&lp->mu);
+        pthread_mutex_unlock(&lp->ctl);
+        return -ENOENT;
+    }
+    b->open = false;
+    struct lis_thread *t = b->thr;
+    bool last = --b->refs == 0;
+    if (last)
+        *pp = b->next;
+    pthread_mutex_unlock(&lp->mu);
+    (void)kvi_lis__call_arg(t, CMD_BIND_CLOSE, NULL, (uint64_t)(uintptr_t)endpoint);
+    pthread_mutex_unlock(&lp->ctl);
+    if (last) {
+        free(b->endpoint);
+        free(b);
+    }
+    return 0;
 }
 
 /* Read l's counters (relaxed loads). */
@@ -631,6 +660,34 @@ int kvi_listeners_get(struct kvi_listeners *lp, const struct kvi_listener_key *k
         fill_info(l, out);
     pthread_mutex_unlock(&lp->mu);
     return l != NULL ? 0 : -ENOENT;
+}
+
+int kvi_listeners_ranks(struct kvi_listeners *lp, const struct kvi_listener_key *key, uint32_t *out, size_t cap)
+{
+    pthread_mutex_lock(&lp->mu);
+    struct listener *l = find_locked(lp, key);
+    if (l == NULL) {
+        pthread_mutex_unlock(&lp->mu);
+        return -ENOENT;
+    }
+    size_t n = 0;
+    bool own = l->own_rank_seen;
+    for (uint32_t i = 0; i <= l->n_ranks; i++) { /* merge dp_rank into the sorted set */
+        uint32_t r = i < l->n_ranks ? l->ranks[i] : UINT32_MAX;
+        if (own && l->dp_rank <= r) {
+            if (n < cap)
+                out[n] = l->dp_rank;
+            n++;
+            own = false;
+        }
+        if (i < l->n_ranks) {
+            if (n < cap)
+                out[n] = r;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&lp->mu);
+    return (int)n;
 }
 
 size_t kvi_listeners_foreach(struct kvi_listeners *lp, void (*fn)(void *ctx, const struct kvi_listener_info *info),

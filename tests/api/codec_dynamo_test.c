@@ -400,6 +400,27 @@ static void test_small_bodies(void **state)
     EXPECT_ERR(kvi_dyn_parse_peer(J("{\"uri\":\"x\"}"), &p, &E), 422,
                "Failed to deserialize the JSON body into the target type: missing field `url` at line 1 column 12");
 
+    /* POST /zmq/bind, /zmq/unbind: block_size optional (absent or null: 0), positive when given */
+    struct kvi_dyn_zbind z;
+    kvi_scratch_reset(&S);
+    assert_int_equal(kvi_dyn_parse_zbind(J("{\"endpoint\":\"tcp://*:5557\",\"block_size\":16}"), false, &z, &E), 0);
+    assert_kstr(z.endpoint, "tcp://*:5557");
+    assert_int_equal(z.block_size, 16);
+    kvi_scratch_reset(&S);
+    assert_int_equal(kvi_dyn_parse_zbind(J("{\"endpoint\":\"tcp://*:5557\",\"block_size\":null}"), false, &z, &E), 0);
+    assert_int_equal(z.block_size, 0);
+    kvi_scratch_reset(&S);
+    assert_int_equal(kvi_dyn_parse_zbind(J("{\"endpoint\":\"tcp://*:5557\"}"), true, &z, &E), 0);
+    assert_kstr(z.endpoint, "tcp://*:5557");
+    EXPECT_ERR(kvi_dyn_parse_zbind(J("{\"endpoint\":\"tcp://*:5557\",\"block_size\":0}"), false, &z, &E), 422,
+               "Failed to deserialize the JSON body into the target type: block_size: invalid value: integer `0`, "
+               "expected a nonzero u32 at line 1 column 41");
+    EXPECT_ERR(kvi_dyn_parse_zbind(J("{\"endpoint\":\"\"}"), false, &z, &E), 422,
+               "Failed to deserialize the JSON body into the target type: endpoint: invalid value: string \"\", "
+               "expected a non-empty string at line 1 column 15");
+    EXPECT_ERR(kvi_dyn_parse_zbind(J("{\"block_size\":4}"), false, &z, &E), 422,
+               "Failed to deserialize the JSON body into the target type: missing field `endpoint` at line 1 column 17");
+
     struct kvi_dyn_listener_ctl l;
     kvi_scratch_reset(&S);
     assert_int_equal(kvi_dyn_parse_listener_ctl(J("{\"instance_id\":7}"), &l, &E), 0);

@@ -149,6 +149,9 @@ static void test_rank_bound(void **state)
     struct kvidx_pub *p = lfx_pub(NULL, false, NULL);
     lfx_register(&f, 1, p, false, KVI_GAP_APPLY);
     lfx_sync(&f, p, 1);
+    struct kvi_listener_key key = lfx_key(&f, 1, 0);
+    uint32_t held[8];
+    assert_int_equal(kvi_listeners_ranks(f.lp, &key, held, 8), 0); /* no batch yet: none, not even rank 0 */
 
     uint64_t last = 0;
     for (int32_t r = 0; r < 10; r++)
@@ -166,6 +169,14 @@ static void test_rank_bound(void **state)
     assert_int_equal(in.ctr.lost, 0);
     assert_int_equal(in.ctr.decode_errors, 0);
     assert_int_equal(in.ctr.events_stored, 4);
+    assert_int_equal(kvi_listeners_ranks(f.lp, &key, held, 8), 4); /* those held, not those dropped */
+    assert_int_equal(held[0], 0);
+    assert_int_equal(held[1], 1);
+    assert_int_equal(held[2], 2);
+    assert_int_equal(held[3], 3);
+    assert_int_equal(kvi_listeners_ranks(f.lp, &key, held, 2), 4); /* the count past cap */
+    struct kvi_listener_key nokey = lfx_key(&f, 2, 0);
+    assert_int_equal(kvi_listeners_ranks(f.lp, &nokey, held, 8), -ENOENT);
     assert_true(WAIT_FOR(atomic_load(&c.rank_warnings) == 1, WAIT_MS));
 
     /* a held rank still goes in; another new one is dropped, without a second warning */
@@ -205,9 +216,15 @@ static void test_restart_clears_every_rank(void **state)
     lfx_sync(&f, p, 1);
 
     uint64_t last = 0;
-    for (int32_t r = 0; r < 20; r++)
-        last = pub_rank(p, 1, r); /* seqs 0..19 */
+    for (int32_t r = 19; r >= 1; r--) /* ranks 19..1, then 0: kvi_listeners_ranks sorts them */
+        pub_rank(p, 1, r);
+    last = pub_rank(p, 1, 0); /* seqs 0..19 */
     lfx_settle(&f, 1, last);
+    struct kvi_listener_key key = lfx_key(&f, 1, 0);
+    uint32_t held[32];
+    assert_int_equal(kvi_listeners_ranks(f.lp, &key, held, 32), 20);
+    for (uint32_t r = 0; r < 20; r++)
+        assert_int_equal(held[r], r);
     uint64_t bits;
     assert_int_equal(ranks_holding(&f, 1, 1, &bits), 20);
     assert_int_equal(bits, (1ull << 20) - 1);
@@ -227,6 +244,8 @@ static void test_restart_clears_every_rank(void **state)
     struct kvi_listener_info in = lfx_info(&f, 1);
     assert_int_equal(in.ctr.restarts, 1);
     assert_int_equal(ranks_holding(&f, 1, 1, &bits), 0); /* all 20 gone */
+    assert_int_equal(kvi_listeners_ranks(f.lp, &key, held, 32), 1); /* rank 0, of the new stream */
+    assert_int_equal(held[0], 0);
     assert_int_equal(bits, 0);
     assert_int_equal(ranks_holding(&f, 1, 2, &bits), 1);
     assert_int_equal(bits, 1);
