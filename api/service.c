@@ -397,7 +397,7 @@ void kvi_service_status(struct kvi_service *svc, struct kvi_status_view *out)
         out->nats_connected = ci.connected;
         bool caught_up = kvi_nats_ready(n, &out->nats_pending);
         if (!caught_up && strcmp(reason, "ready") == 0)
-            reason = "nats_catching_up";
+            reason = kvi_nats_restoring(n) ? "nats_loading_snapshot" : "nats_catching_up";
     }
     out->reason = reason;
     out->ready = strcmp(reason, "ready") == 0;

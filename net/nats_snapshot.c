@@ -130,6 +130,11 @@ int kvi_snap_prefix(char *out, size_t cap, const char *stream, const char *subje
                 return -ENAMETOOLONG;
             out[o++] = '.';
         }
+        if (parts[k][0] == '\0') { /* (a key has no empty token) */
+            if (o + 1 >= cap)
+                return -ENAMETOOLONG;
+            out[o++] = '=';
+        }
         for (const unsigned char *c = (const unsigned char *)parts[k]; *c; c++) {
             bool plain = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
                          *c == '_' || *c == '-';

@@ -92,8 +92,8 @@ int kvi_snap_manifest_decode(const void *buf, size_t len, struct kvi_snap_manife
 
 /**
  * The key prefix of a source's snapshot: its stream, filter subject and
- * label, each with characters outside [A-Za-z0-9_-] written "=XX" (hex),
- * joined by '.'. @return 0, or -ENAMETOOLONG when it does not fit @p cap
+ * label, each with characters outside [A-Za-z0-9_-] written "=XX" (hex)
+ * and an empty one as "=", joined by '.'. @return 0, or -ENAMETOOLONG when it does not fit @p cap
  * (at most KVI_SNAP_PREFIX_MAX: longer prefixes are cut in keys).
  */
 int kvi_snap_prefix(char *out, size_t cap, const char *stream, const char *subject, const char *label);

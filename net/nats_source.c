@@ -68,6 +68,7 @@ struct source {
     uint32_t index;
     enum kvi_nats_kind kind;
     char subject[KVI_NATS_NAME_MAX];
+    char filter[KVI_NATS_NAME_MAX]; /* stream: the filter subject as configured ("" = none) */
     char stream[KVI_NATS_NAME_MAX];
     char label[KVI_NATS_NAME_MAX];
     struct kvi_index *ix;
@@ -616,7 +617,7 @@ static void check_caught_up(struct source *s, natsSubscription *sub)
 /* The hooks' view of the source now. order: NULL for a restore. */
 static struct kvi_nats_snap_point snap_point(struct source *s, const struct kvi_nats_order *order, size_t n)
 {
-    return (struct kvi_nats_snap_point){.source = s->index, .stream = s->stream, .subject = s->subject,
+    return (struct kvi_nats_snap_point){.source = s->index, .stream = s->stream, .subject = s->filter,
                                         .label = s->label, .ix = s->ix, .seq = order ? s->applied_seq : 0,
                                         .order = order, .n_order = n, .prod = s->prod};
 }
@@ -864,6 +865,7 @@ int kvi_nats_add_source(struct kvi_nats *n, const struct kvi_nats_source_spec *s
     s->ix = spec->ix;
     s->block_size = spec->block_size;
     snprintf(s->subject, sizeof s->subject, "%s", spec->subject ? spec->subject : "");
+    snprintf(s->filter, sizeof s->filter, "%s", s->subject);
     snprintf(s->stream, sizeof s->stream, "%s", spec->stream ? spec->stream : "");
     snprintf(s->label, sizeof s->label, "%s", spec->label ? spec->label : "");
     s->warn_budget = WARN_BUDGET;

@@ -119,7 +119,8 @@ struct kvi_nats_order {
 /** A stream source at a sequence boundary, handed to the snapshot hooks. */
 struct kvi_nats_snap_point {
     uint32_t source;        /* source index */
-    const char *stream, *subject, *label;
+    const char *stream, *label;
+    const char *subject;    /* the filter subject as configured ("" = none: the stream's only one) */
     struct kvi_index *ix;
     uint64_t seq;           /* take: every message of the source up to this stream sequence is
                                applied (the producer flushed), none after it */
