@@ -676,7 +676,9 @@ static void maybe_snapshot(struct source *s)
     if (h == NULL || h->take == NULL || h->every_ms == 0)
         return;
     uint64_t t = now_ns();
-    if (t < s->next_snap_ns || s->applied_seq <= s->snap_seq)
+    /* (not while catching up: each snapshot would pause the catch-up it does not need) */
+    if (t < s->next_snap_ns || s->applied_seq <= s->snap_seq ||
+        !atomic_load_explicit(&s->caught_up, memory_order_relaxed))
         return;
     s->next_snap_ns = t + (uint64_t)h->every_ms * 1000000u;
     kvi_producer_flush(s->prod);

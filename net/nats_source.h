@@ -56,7 +56,7 @@
  *            it is done), seeds its order state from the snapshot and
  *            re-creates its consumer to deliver from the snapshot's
  *            sequence + 1 (DeliverByStartSequence) instead of the whole
- *            stream. Every every_ms, at a sequence boundary (after a
+ *            stream. Every every_ms once caught up, at a sequence boundary (after a
  *            fetched batch is applied and kvi_producer_flush returned, before
  *            the next fetch) it calls take with the last sequence applied
  *            and the order state: nothing is applied while take runs, so the
