@@ -578,7 +578,8 @@ static void render_nats(const struct kvi_metrics_src *src, struct kvi_buf *b)
         NF(snap_superseded, "kvidx_nats_snapshot_superseded_total", "counter",
            "--nats-snapshot: snapshots discarded because a replica stored one as new or newer"),
         NF(snap_seq, "kvidx_nats_snapshot_seq", "gauge",
-           "--nats-snapshot: stream sequence of the last snapshot stored or loaded"),
+           "--nats-snapshot: stream sequence covered by the last snapshot stored, loaded, or found stored "
+           "by another replica"),
         NF(snap_bytes, "kvidx_nats_snapshot_bytes", "gauge", "--nats-snapshot: last snapshot stored, compressed"),
         NF(snap_raw_bytes, "kvidx_nats_snapshot_raw_bytes", "gauge",
            "--nats-snapshot: last snapshot stored, uncompressed"),

@@ -708,8 +708,9 @@ static void maybe_snapshot(struct source *s)
             CTR_SET(s, snap_purged_below, res.purged_below);
         }
     } else if (rc == -ESTALE) {
-        s->snap_seq = p.seq; /* a newer one is stored: nothing to add until more is applied */
+        s->snap_seq = p.seq; /* one as new is stored: nothing to add until more is applied */
         CTR_ADD(s, snap_superseded, 1);
+        CTR_SET(s, snap_seq, p.seq);
     } else {
         CTR_ADD(s, snap_failed, 1);
     }

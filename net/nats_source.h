@@ -218,7 +218,8 @@ struct kvi_nats_counters {
     _Atomic uint64_t snap_written;  /* snapshots stored */
     _Atomic uint64_t snap_failed;   /* snapshots that could not be stored (retried next period) */
     _Atomic uint64_t snap_superseded; /* snapshots discarded: another replica stored a newer one */
-    _Atomic uint64_t snap_seq;      /* stream sequence of the last snapshot stored (or loaded) */
+    _Atomic uint64_t snap_seq;      /* stream sequence of the last snapshot stored, loaded, or found
+                                       stored as new by another replica */
     _Atomic uint64_t snap_bytes;    /* the last stored snapshot, compressed */
     _Atomic uint64_t snap_raw_bytes;/* the last stored snapshot, uncompressed */
     _Atomic uint64_t snap_write_ms; /* the last snapshot's time, dump to manifest and purge */

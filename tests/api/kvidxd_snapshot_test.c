@@ -11,7 +11,10 @@
  *     seen as a publisher restart, which needs its last event_id);
  *   - a durable consumer that has acked nothing keeps the history (no
  *     purge); a corrupt chunk, then a corrupt manifest, make kvidxd fall back
- *     to the whole stream (counted, logged) and /dump still equals the model.
+ *     to the whole stream (counted, logged) and /dump still equals the model;
+ *   - two replicas write the same namespace's snapshots into one bucket: it
+ *     ends with one snapshot of the last sequence and its chunks only, and a
+ *     third replica starts from it with nothing left to read.
  * /dump is read with the daemon's own dump decoder and compared with a model
  * of what each (worker, dp_rank) holds. Waits are bounded polls of kvidxd's
  * counters.
@@ -248,7 +251,7 @@ static void test_restart_from_snapshot(void **state)
     char source[128];
     snprintf(source, sizeof source, "%s=m:t@%d", stream, KFX_BS);
     const char *args[] = {"--nats", ns.url, "--nats-stream", source, "--nats-durable", "snapd", "--nats-snapshot",
-                          "SNAPB", "--nats-snapshot-every-s", "1", NULL};
+                          "SNAPB", "--nats-snapshot-every-s", "1", "--slot-port", "0", NULL};
     struct kfx_daemon d;
     kfx_start(&d, args, NULL);
     wait_metric(&d, "kvidx_nats_acked_total", stream, 4);
@@ -360,7 +363,7 @@ static void test_history_kept_and_fallback(void **state)
     char source[128];
     snprintf(source, sizeof source, "%s=m:t@%d", stream, KFX_BS);
     const char *args[] = {"--nats", ns.url, "--nats-stream", source, "--nats-durable", "snapc", "--nats-snapshot",
-                          "SNAPC", "--nats-snapshot-every-s", "1", NULL};
+                          "SNAPC", "--nats-snapshot-every-s", "1", "--slot-port", "0", NULL};
     struct kfx_daemon d;
     kfx_start(&d, args, NULL);
     wait_metric(&d, "kvidx_nats_snapshot_seq", stream, 3);
@@ -420,11 +423,88 @@ static void test_history_kept_and_fallback(void **state)
     kvi_nats_server_stop(&ns);
 }
 
+/* ---- two replicas writing the same namespace's snapshots ---- */
+
+static void test_two_writers(void **state)
+{
+    (void)state;
+    struct kvi_nats_server ns;
+    assert_int_equal(kvi_nats_server_start(&ns, 10000), 0);
+    const char *stream = "snap-2";
+    struct model m = {0};
+    struct npub p0 = npub_open(ns.url, stream, 71, 0), p1 = npub_open(ns.url, stream, 72, 0);
+    char source[128];
+    snprintf(source, sizeof source, "%s=m:t@%d", stream, KFX_BS);
+    const char *args_a[] = {"--nats", ns.url, "--nats-stream", source, "--nats-durable", "ra", "--nats-snapshot",
+                            "SNAP2", "--nats-snapshot-every-s", "1", "--slot-port", "0", NULL};
+    const char *args_b[] = {"--nats", ns.url, "--nats-stream", source, "--nats-durable", "rb", "--nats-snapshot",
+                            "SNAP2", "--nats-snapshot-every-s", "1", "--slot-port", "0", NULL};
+    pub_store(&p0, &m, 0, 0, 3); /* the stream exists before the replicas start */
+    struct kfx_daemon a, b;
+    kfx_start(&a, args_a, NULL);
+    kfx_start(&b, args_b, NULL);
+    /* rounds of events; after each, both replicas' newest snapshot covers the round's last
+     * sequence: one of them stored it, the other found it stored (or stored it first) */
+    uint64_t seq = 1;
+    for (uint32_t round = 0; round < 4; round++) {
+        pub_store(&p0, &m, 10 + round, 0, 4);
+        pub_store(&p1, &m, 20 + round, 0, 2 + round);
+        if (round % 2 == 1)
+            pub_remove(&p0, &m, 10 + round - 1, 1);
+        seq += round % 2 == 1 ? 3 : 2;
+        for (int k = 0; k < 2; k++) {
+            struct kfx_daemon *d = k ? &b : &a;
+            if (!KFX_WAIT(get_metric(d, "kvidx_nats_snapshot_seq", stream) == (long long)seq, KFX_WAIT_MS * 2)) {
+                kfx_dump_log(d);
+                fail_msg("replica %c: snapshot_seq %lld, want %" PRIu64, "ab"[k],
+                         get_metric(d, "kvidx_nats_snapshot_seq", stream), seq);
+            }
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        struct kfx_daemon *d = k ? &b : &a;
+        assert_int_equal(get_metric(d, "kvidx_nats_snapshot_failed_total", stream), 0);
+        check_dump(d, &m, "m:t");
+    }
+    assert_true(get_metric(&a, "kvidx_nats_snapshot_written_total", stream) +
+                    get_metric(&b, "kvidx_nats_snapshot_written_total", stream) >= 4);
+    assert_int_equal(kfx_stop(&a, SIGTERM, NULL), 0);
+    assert_int_equal(kfx_stop(&b, SIGTERM, NULL), 0);
+    /* the bucket holds one verified snapshot of the last sequence and no stray chunk */
+    struct js j = js_open(ns.url);
+    kvStore *kv = NULL;
+    assert_int_equal(js_KeyValue(&kv, j.js, "SNAP2"), NATS_OK);
+    char mkey[KVI_SNAP_KEY_MAX];
+    struct kvi_snap_manifest man;
+    find_manifest(kv, mkey, sizeof mkey, &man);
+    assert_true(man.seq == seq);
+    kvKeysList kl = {0};
+    assert_int_equal(kvStore_Keys(&kl, kv, NULL), NATS_OK);
+    assert_int_equal(kl.Count, (int)man.chunks + 1);
+    kvKeysList_Destroy(&kl);
+    /* a third replica starts from it: nothing after it to read */
+    const char *args_c[] = {"--nats", ns.url, "--nats-stream", source, "--nats-durable", "rc", "--nats-snapshot",
+                            "SNAP2", "--slot-port", "0", NULL};
+    struct kfx_daemon c;
+    kfx_start(&c, args_c, NULL);
+    wait_ready(&c);
+    assert_int_equal(get_metric(&c, "kvidx_nats_snapshot_loaded_total", stream), 1);
+    assert_int_equal(get_metric(&c, "kvidx_nats_messages_total", stream), 0);
+    check_dump(&c, &m, "m:t");
+    assert_int_equal(kfx_stop(&c, SIGTERM, NULL), 0);
+    kvStore_Destroy(kv);
+    js_close(&j);
+    kvidx_pub_destroy(p0.p);
+    kvidx_pub_destroy(p1.p);
+    kvi_nats_server_stop(&ns);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_from_snapshot),
         cmocka_unit_test(test_history_kept_and_fallback),
+        cmocka_unit_test(test_two_writers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
