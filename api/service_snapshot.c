@@ -18,6 +18,9 @@
  *   (kvi_recovery_rec_op); a body that does not decode, or a namespace of
  *   another block size, is rolled back (the instances it interned are
  *   removed) and the source reads the whole stream instead.
+ *   A stored snapshot that did not load is replaced by this replica's next
+ *   one even at the same sequence (otherwise newest seq wins: an equal one
+ *   is left alone).
  *   The bucket handle is shared by the sources and opened by the first hook
  *   that needs it; `mu` serialises the hooks (one snapshot at a time).
  *   Shutdown: kvi_svc__snap_free after the plane is destroyed (its threads
@@ -41,9 +44,23 @@ struct kvi_svc_snap {
     struct kvi_service *svc;
     struct kvi_nats_snap_hooks hooks;
     const char *bucket;
-    pthread_mutex_t mu; /* the hooks, one at a time; st */
+    pthread_mutex_t mu; /* the hooks, one at a time; st, broken */
     struct kvi_snap_store *st;
+    struct broken {     /* snapshots that did not load here, by source: replaced even at their seq */
+        uint32_t source;
+        char id[40];
+    } *broken;
+    size_t n_broken;
 };
+
+/* The id of source's snapshot that failed to load ("" when none). Called with mu held. */
+static const char *broken_of(const struct kvi_svc_snap *sn, uint32_t source)
+{
+    for (size_t i = 0; i < sn->n_broken; i++)
+        if (sn->broken[i].source == source)
+            return sn->broken[i].id;
+    return "";
+}
 
 /* The bucket, opened at first use. Called with mu held. */
 static int store_get(struct kvi_svc_snap *sn, struct kvi_snap_store **out)
@@ -148,6 +165,7 @@ static int take(void *ctx, const struct kvi_nats_snap_point *p, struct kvi_nats_
     struct kvi_snap_writer *w = NULL;
     if (rc == 0) {
         w = kvi_snap_writer_begin(st, prefix, p->seq, 0);
+        kvi_snap_writer_replace(w, broken_of(sn, p->source));
         size_t hl = kvi_snap_header_size(p->n_order);
         uint8_t *h = kvi_xmalloc(hl);
         kvi_snap_header_encode(p->order, p->n_order, h);
@@ -294,6 +312,11 @@ static int restore(void *ctx, const struct kvi_nats_snap_point *p, struct kvi_na
     char why[256] = "";
     if (rc == 0)
         rc = kvi_snap_load(st, prefix, &cb, &m, why, sizeof why);
+    if (rc != 0 && m.id[0] != '\0') { /* a manifest that parsed, and a snapshot that did not load */
+        sn->broken = kvi_xrealloc(sn->broken, (sn->n_broken + 1) * sizeof *sn->broken);
+        sn->broken[sn->n_broken].source = p->source;
+        snprintf(sn->broken[sn->n_broken++].id, sizeof sn->broken->id, "%s", m.id);
+    }
     pthread_mutex_unlock(&sn->mu);
     if (rc == 0 && (rc = kvi_dump_dec_finish(r.dec)) != 0)
         snprintf(why, sizeof why, "dump: %s", kvi_dump_dec_error(r.dec));
@@ -355,6 +378,7 @@ void kvi_svc__snap_free(struct kvi_service *svc)
     if (sn == NULL)
         return;
     kvi_snap_store_close(sn->st);
+    free(sn->broken);
     pthread_mutex_destroy(&sn->mu);
     free(sn);
     svc->snap = NULL;

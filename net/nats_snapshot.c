@@ -300,7 +300,13 @@ struct kvi_snap_writer {
     z_stream z;
     uint8_t *chunk;
     int err;
+    char replace_id[40]; /* a stored snapshot that may be replaced at the same seq ("" = none) */
 };
+
+void kvi_snap_writer_replace(struct kvi_snap_writer *w, const char *id)
+{
+    snprintf(w->replace_id, sizeof w->replace_id, "%s", id);
+}
 
 struct kvi_snap_writer *kvi_snap_writer_begin(struct kvi_snap_store *st, const char *prefix, uint64_t seq,
                                               uint32_t chunk_size)
@@ -420,7 +426,8 @@ int kvi_snap_writer_commit(struct kvi_snap_writer *w, struct kvi_snap_manifest *
         int g = manifest_get(w->st, key, &old, &rev);
         if (g == -EAGAIN)
             break;
-        if (g == 0 && old.seq >= w->m.seq) {
+        bool broken = w->replace_id[0] != '\0' && strcmp(old.id, w->replace_id) == 0 && old.seq == w->m.seq;
+        if (g == 0 && old.seq >= w->m.seq && !broken) {
             rc = -ESTALE; /* newest seq wins */
             break;
         }

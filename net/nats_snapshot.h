@@ -144,10 +144,17 @@ struct kvi_snap_writer *kvi_snap_writer_begin(struct kvi_snap_store *st, const c
 int kvi_snap_writer_write(struct kvi_snap_writer *w, const void *data, size_t len);
 
 /**
+ * Let @p w replace the stored snapshot whose id is @p id even when it covers
+ * the same sequence (it did not load here: kvi_snap_load failed on it).
+ */
+void kvi_snap_writer_replace(struct kvi_snap_writer *w, const char *id);
+
+/**
  * Store the last chunk and the manifest, then purge the replaced
  * snapshot's chunks; frees @p w. @p out (may be NULL) receives the
  * manifest. @return 0, -ESTALE (a snapshot of an equal or newer sequence is
- * stored: ours is discarded), -EIO (logged; ours is discarded).
+ * stored, unless it is the one named by kvi_snap_writer_replace at an equal
+ * sequence: ours is discarded), -EIO (logged; ours is discarded).
  */
 int kvi_snap_writer_commit(struct kvi_snap_writer *w, struct kvi_snap_manifest *out);
 

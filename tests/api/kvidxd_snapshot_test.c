@@ -401,7 +401,12 @@ static void test_history_kept_and_fallback(void **state)
     wait_metric(&d, "kvidx_nats_acked_total", stream, 3);
     assert_int_equal(get_metric(&d, "kvidx_nats_messages_total", stream), 3); /* the whole stream */
     check_dump(&d, &m, "m:t");
-    /* a new event: a new snapshot replaces the broken one */
+    /* the broken snapshot is replaced at the same sequence */
+    wait_metric(&d, "kvidx_nats_snapshot_written_total", stream, 1);
+    struct kvi_snap_manifest man2;
+    find_manifest(kv, mkey, sizeof mkey, &man2);
+    assert_true(man2.seq == 3 && strcmp(man2.id, man.id) != 0);
+    /* a new event, a new snapshot */
     pub_store(&p0, &m, 2, 0, 4); /* seq 4 */
     wait_metric(&d, "kvidx_nats_snapshot_seq", stream, 4);
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);

@@ -253,18 +253,27 @@ static void got_free(struct got *g)
     memset(g, 0, sizeof *g);
 }
 
-/* Write a snapshot of `len` body bytes at `seq` in pieces of 7,777 bytes with 1,000-byte chunks. */
-static int write_snap(struct env *e, const char *prefix, uint64_t seq, const uint8_t *body, size_t len,
-                      struct kvi_snap_manifest *m)
+/* Write a snapshot of `len` body bytes at `seq` in pieces of 7,777 bytes with 1,000-byte chunks;
+ * `replace`: the id of a stored snapshot it may replace at the same seq (NULL: none). */
+static int write_snap_r(struct env *e, const char *prefix, uint64_t seq, const uint8_t *body, size_t len,
+                        struct kvi_snap_manifest *m, const char *replace)
 {
     struct kvi_nats_order o[2] = {{5, 0, true, seq, 77}, {6, 1, false, seq / 2, 0}};
     struct kvi_snap_writer *w = kvi_snap_writer_begin(e->st, prefix, seq, 1000);
+    if (replace != NULL)
+        kvi_snap_writer_replace(w, replace);
     uint8_t h[KVI_SNAP_HEADER_FIXED + 2 * KVI_SNAP_ORDER_REC];
     kvi_snap_header_encode(o, 2, h);
     assert_int_equal(kvi_snap_writer_write(w, h, sizeof h), 0);
     for (size_t at = 0; at < len; at += 7777)
         assert_int_equal(kvi_snap_writer_write(w, body + at, len - at < 7777 ? len - at : 7777), 0);
     return kvi_snap_writer_commit(w, m);
+}
+
+static int write_snap(struct env *e, const char *prefix, uint64_t seq, const uint8_t *body, size_t len,
+                      struct kvi_snap_manifest *m)
+{
+    return write_snap_r(e, prefix, seq, body, len, m, NULL);
 }
 
 /* Keys of the bucket with this prefix (a delete or purge marker is not a key). */
@@ -313,6 +322,13 @@ static void test_store_roundtrip(void **state)
     assert_int_equal(write_snap(e, pfx, 90, old, len / 3, NULL), -ESTALE);
     assert_int_equal(write_snap(e, pfx, 100, old, len / 3, NULL), -ESTALE); /* an equal one too */
     assert_int_equal(count_keys(e, pfx), m1.chunks + 1);
+    /* ... unless it names the stored one as broken (an older one never replaces it) */
+    assert_int_equal(write_snap_r(e, pfx, 99, old, len / 3, NULL, m1.id), -ESTALE);
+    assert_int_equal(write_snap_r(e, pfx, 100, body, len, &m1, "1-nope"), -ESTALE);
+    struct kvi_snap_manifest m1b;
+    assert_int_equal(write_snap_r(e, pfx, 100, body, len, &m1b, m1.id), 0);
+    assert_true(strcmp(m1b.id, m1.id) != 0);
+    assert_int_equal(count_keys(e, pfx), m1b.chunks + 1);
     /* a newer one replaces it, and the replaced chunks go */
     struct kvi_snap_manifest m2;
     assert_int_equal(write_snap(e, pfx, 250, old, len / 3, &m2), 0);
