@@ -8,7 +8,9 @@
  *     the purged range), the restarted kvidxd is delivered only the tail
  *     (counted), /dump equals the model, and the order state came back with
  *     the snapshot (an old event_id of a worker silent since the restart is
- *     seen as a publisher restart, which needs its last event_id);
+ *     seen as a publisher restart, which needs its last event_id); with
+ *     NATS unreachable at start-up, /ready says nats_loading_snapshot until
+ *     the server is back and the snapshot loaded;
  *   - a durable consumer that has acked nothing keeps the history (no
  *     purge); a corrupt chunk, then a corrupt manifest, make kvidxd fall back
  *     to the whole stream (counted, logged) and /dump still equals the model;
@@ -310,8 +312,22 @@ static void test_restart_from_snapshot(void **state)
     /* and the restarted replica snapshots and purges on its own */
     wait_metric(&d, "kvidx_nats_snapshot_seq", stream, 9);
     wait_metric(&d, "kvidx_nats_snapshot_purged_below_seq", stream, 10);
-
     js_close(&j);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+
+    /* NATS unreachable at start-up: not ready, with the reason, until the snapshot loads */
+    kvi_nats_server_pause(&ns);
+    kfx_start(&d, args, NULL);
+    if (!KFX_WAIT(kfx_get_has(&d, "/ready", 503, "nats_loading_snapshot"), KFX_WAIT_MS)) {
+        kfx_dump_log(&d);
+        fail_msg("/ready never said nats_loading_snapshot");
+    }
+    assert_int_equal(kvi_nats_server_resume(&ns), 0);
+    wait_ready(&d);
+    assert_int_equal(get_metric(&d, "kvidx_nats_snapshot_loaded_total", stream), 1);
+    assert_int_equal(get_metric(&d, "kvidx_nats_messages_total", stream), 0);
+    check_dump(&d, &m, "m:t");
+
     kvidx_pub_destroy(p0.p);
     kvidx_pub_destroy(p1.p);
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
