@@ -31,6 +31,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/codec_dump.h"
 #include "api/nats_args.h"
@@ -115,9 +116,17 @@ static void emit_filtered(void *ctx, const struct kvi_dump_block *b)
         kvi_dump_emit(f->enc, b);
 }
 
-/* Write the body of p's namespace into w. @return 0 or a negative errno. */
+static uint64_t ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Write the body of p's namespace into w; *dump_ms: the time the writers spent encoding.
+ * @return 0 or a negative errno. */
 static int write_body(struct kvi_snap_writer *w, const struct kvi_nats_snap_point *p, const char *model,
-                      const char *tenant, uint32_t bs)
+                      const char *tenant, uint32_t bs, uint64_t *dump_ms)
 {
     uint32_t *dense = kvi_xmalloc((p->n_order ? p->n_order : 1) * sizeof *dense);
     size_t nd = 0;
@@ -135,7 +144,9 @@ static int write_body(struct kvi_snap_writer *w, const struct kvi_nats_snap_poin
                           bs, p->ix);
     int rc = 0;
     for (uint32_t part = 0; part < kvi_index_n_parts(p->ix) && rc == 0; part++) {
+        uint64_t t0 = ms_now();
         kvi_producer_dump_partition(p->prod, p->ix, part, emit_filtered, &f);
+        *dump_ms += ms_now() - t0;
         if (enc.err != 0 || enc.out.oom)
             rc = -ENOMEM;
         else
@@ -155,6 +166,7 @@ static int take(void *ctx, const struct kvi_nats_snap_point *p, struct kvi_nats_
     struct kvi_svc_snap *sn = ctx;
     char *model = NULL, *tenant = NULL, prefix[KVI_SNAP_PREFIX_MAX];
     uint32_t bs = 0;
+    uint64_t t0 = ms_now(), dump_ms = 0, purge_ms = 0;
     if (!ns_info(sn->svc, p->ix, &model, &tenant, &bs))
         return -ENOENT;
     int rc = kvi_snap_prefix(prefix, sizeof prefix, p->stream, p->subject, p->label);
@@ -173,7 +185,7 @@ static int take(void *ctx, const struct kvi_nats_snap_point *p, struct kvi_nats_
         free(h);
     }
     if (rc == 0)
-        rc = write_body(w, p, model, tenant, bs);
+        rc = write_body(w, p, model, tenant, bs, &dump_ms);
     struct kvi_snap_manifest m = {0};
     if (rc == 0) {
         rc = kvi_snap_writer_commit(w, &m);
@@ -184,11 +196,15 @@ static int take(void *ctx, const struct kvi_nats_snap_point *p, struct kvi_nats_
     if (rc == 0) {
         r->bytes = m.bytes;
         r->raw_bytes = m.raw_bytes;
-        kvi_log_info("nats snapshot %s:%s: sequence %" PRIu64 " of stream %s stored (%" PRIu64 " bytes, %" PRIu64
-                     " uncompressed, %" PRIu32 " chunks)",
-                     model, tenant, p->seq, p->stream, m.bytes, m.raw_bytes, m.chunks);
+        uint64_t t1 = ms_now();
         kvi_snap_purge(kvi_service_nats(sn->svc), p->stream, p->subject[0] ? p->subject : NULL, p->seq,
                        &r->purged_below);
+        purge_ms = ms_now() - t1;
+        kvi_log_info("nats snapshot %s:%s: sequence %" PRIu64 " of stream %s stored (%" PRIu64 " bytes, %" PRIu64
+                     " uncompressed, %" PRIu32 " chunks; %" PRIu64 " ms: dump %" PRIu64 ", deflate and store %" PRIu64
+                     ", purge %" PRIu64 ")",
+                     model, tenant, p->seq, p->stream, m.bytes, m.raw_bytes, m.chunks, ms_now() - t0, dump_ms,
+                     t1 - t0 - dump_ms, purge_ms);
     } else if (rc == -ESTALE) {
         kvi_log_info("nats snapshot %s:%s: a snapshot as new as sequence %" PRIu64 " is stored already", model,
                      tenant, p->seq);
