@@ -131,7 +131,7 @@ static int write_body(struct kvi_snap_writer *w, const struct kvi_nats_snap_poin
     uint32_t *dense = kvi_xmalloc((p->n_order ? p->n_order : 1) * sizeof *dense);
     size_t nd = 0;
     for (size_t i = 0; i < p->n_order; i++) {
-        int64_t d = kvi_index_intern_instance(p->ix, p->order[i].worker_id, NULL, false);
+        int64_t d = kvi_index_find_instance(p->ix, p->order[i].worker_id, NULL);
         if (d >= 0)
             dense[nd++] = (uint32_t)d;
     }
