@@ -524,6 +524,10 @@ static natsSubscription *stream_setup(struct source *s, jsCtx *js, bool first, u
             kvi_log_warn("nats stream %s: the snapshot covers up to %" PRIu64 " but the stream starts at %" PRIu64
                          ": the messages between are lost to this replica",
                          s->stream, start_seq - 1, si->State.FirstSeq);
+        else if (start_seq == 0 && si->State.FirstSeq > 1)
+            kvi_log_warn("nats stream %s starts at sequence %" PRIu64 ": what came before (purged or aged out) is "
+                         "not rebuilt from it (--nats-snapshot or --peers cover that)",
+                         s->stream, si->State.FirstSeq);
     }
     jsStreamInfo_Destroy(si);
 

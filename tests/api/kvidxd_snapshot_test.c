@@ -10,7 +10,8 @@
  *     the snapshot (an old event_id of a worker silent since the restart is
  *     seen as a publisher restart, which needs its last event_id); with
  *     NATS unreachable at start-up, /ready says nats_loading_snapshot until
- *     the server is back and the snapshot loaded;
+ *     the server is back and the snapshot loaded; a replica without
+ *     --nats-snapshot on the purged stream logs that it cannot rebuild it;
  *   - a durable consumer that has acked nothing keeps the history (no
  *     purge); a corrupt chunk, then a corrupt manifest, make kvidxd fall back
  *     to the whole stream (counted, logged) and /dump still equals the model;
@@ -327,6 +328,13 @@ static void test_restart_from_snapshot(void **state)
     assert_int_equal(get_metric(&d, "kvidx_nats_snapshot_loaded_total", stream), 1);
     assert_int_equal(get_metric(&d, "kvidx_nats_messages_total", stream), 0);
     check_dump(&d, &m, "m:t");
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+
+    /* a replica without --nats-snapshot cannot rebuild the purged history: it says so */
+    const char *plain[] = {"--nats", ns.url, "--nats-stream", source, "--nats-durable", "plain", "--slot-port", "0",
+                           NULL};
+    kfx_start(&d, plain, NULL);
+    assert_true(kfx_log_has(&d, "starts at sequence 10", "not rebuilt", KFX_WAIT_MS));
 
     kvidx_pub_destroy(p0.p);
     kvidx_pub_destroy(p1.p);
