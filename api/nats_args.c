@@ -14,6 +14,7 @@
 
 enum {
     F_NATS, F_USER, F_PASSWORD, F_TOKEN, F_CREDS, F_TLS_CA, F_SOURCE, F_STREAM, F_DURABLE, F_FETCH, F_REGISTRY,
+    F_SNAPSHOT, F_SNAP_EVERY,
 };
 
 static const struct {
@@ -23,6 +24,7 @@ static const struct {
     [F_TOKEN] = {"--nats-token"},    [F_CREDS] = {"--nats-creds"},     [F_TLS_CA] = {"--nats-tls-ca"},
     [F_SOURCE] = {"--nats-source"},  [F_STREAM] = {"--nats-stream"},   [F_DURABLE] = {"--nats-durable"},
     [F_FETCH] = {"--nats-fetch-batch"}, [F_REGISTRY] = {"--nats-registry"},
+    [F_SNAPSHOT] = {"--nats-snapshot"}, [F_SNAP_EVERY] = {"--nats-snapshot-every-s"},
 };
 
 /* Which flag arg is (value after '=' in *v), or -1. */
@@ -123,6 +125,18 @@ static int apply(struct kvi_nats_args *a, int f, const char *v)
     case F_TLS_CA: c->tls_ca = v; return 0;
     case F_DURABLE: c->durable = v; return 0;
     case F_REGISTRY: a->registry = v; return 0;
+    case F_SNAPSHOT: a->snapshot = v; return 0;
+    case F_SNAP_EVERY: {
+        char *end;
+        errno = 0;
+        unsigned long n = strtoul(v, &end, 10);
+        if (errno != 0 || end == v || *end != '\0' || n == 0 || n > 86400 || *v == '-') {
+            fprintf(stderr, "kvidxd: --nats-snapshot-every-s: invalid value '%s' (1..86400)\n", v);
+            return -EINVAL;
+        }
+        a->snapshot_every_s = (uint32_t)n;
+        return 0;
+    }
     case F_FETCH: {
         char *end;
         errno = 0;
@@ -187,6 +201,18 @@ int kvi_nats_args(int *argc, char **argv, struct kvi_nats_args *out)
             fprintf(stderr, "kvidxd: --nats-registry '%s': a bucket name is [A-Za-z0-9_-]+\n", out->registry);
             return -EINVAL;
         }
+    for (const char *p = out->snapshot; p != NULL && *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+              *p == '_')) {
+            fprintf(stderr, "kvidxd: --nats-snapshot '%s': a bucket name is [A-Za-z0-9_-]+\n", out->snapshot);
+            return -EINVAL;
+        }
+    if (out->snapshot != NULL && *out->snapshot == '\0') {
+        fprintf(stderr, "kvidxd: --nats-snapshot needs a bucket name\n");
+        return -EINVAL;
+    }
+    if (out->snapshot_every_s == 0)
+        out->snapshot_every_s = KVI_NATS_SNAPSHOT_EVERY_S_DEFAULT;
     if (out->registry != NULL && *out->registry == '\0') {
         fprintf(stderr, "kvidxd: --nats-registry needs a bucket name\n");
         return -EINVAL;
@@ -229,6 +255,11 @@ void kvi_nats_args_usage(FILE *f)
             "  --nats-fetch-batch N   JetStream messages per fetch (default 256)\n"
             "  --nats-registry BUCKET share registrations with every replica through a JetStream\n"
             "                         Key-Value bucket (created if missing)\n"
+            "  --nats-snapshot BUCKET write periodic snapshots of every --nats-stream namespace into\n"
+            "                         that Key-Value bucket (created if missing), start from the newest\n"
+            "                         one plus the stream after it, and purge what it and every\n"
+            "                         durable consumer cover\n"
+            "  --nats-snapshot-every-s N  snapshot period (default 300)\n"
             "  --nats-user U --nats-password P, --nats-token T, --nats-creds FILE,\n"
             "  --nats-tls-ca FILE     authentication and TLS, as libnats offers them\n");
 }

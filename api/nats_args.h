@@ -16,6 +16,8 @@
 
 #include "net/nats_source.h"
 
+#define KVI_NATS_SNAPSHOT_EVERY_S_DEFAULT 300u
+
 /** One --nats-source / --nats-stream: where events come from, which index they feed. */
 struct kvi_nats_source_arg {
     enum kvi_nats_kind kind;
@@ -32,6 +34,8 @@ struct kvi_nats_args {
     size_t n_sources;
     char *durable_default;       /* owned: the default durable name ("kvidx-<host>") */
     const char *registry;        /* --nats-registry BUCKET: shared registrations (NULL: none) */
+    const char *snapshot;        /* --nats-snapshot BUCKET: stream sources' snapshots (NULL: none) */
+    uint32_t snapshot_every_s;   /* --nats-snapshot-every-s (default KVI_NATS_SNAPSHOT_EVERY_S_DEFAULT) */
 };
 
 /**

@@ -108,8 +108,7 @@ static int on_ns(void *ctx, struct kvi_str model, struct kvi_str tenant, uint32_
     return a->cur == NULL ? -ENOMEM : 0;
 }
 
-/* Turn one record into an op (NULL: the record cannot be replayed). */
-static struct kvi_op *rec_op(const struct kvi_dump_rec *r)
+struct kvi_op *kvi_recovery_rec_op(const struct kvi_dump_rec *r)
 {
     struct kvi_op *op;
     switch (r->op) {
@@ -170,7 +169,7 @@ static int on_rec(void *ctx, const struct kvi_dump_rec *r)
     if (dense < 0)
         return -ENOMEM;
     touch_inst(t, (uint32_t)dense);
-    struct kvi_op *op = rec_op(r);
+    struct kvi_op *op = kvi_recovery_rec_op(r);
     if (op == NULL) {
         a->skipped++;
         return 0;

@@ -41,6 +41,16 @@
 #include <stdint.h>
 
 struct kvi_service;
+struct kvi_dump_rec;
+struct kvi_op;
+
+/**
+ * Turn one decoded dump record into the single-block op that replays it
+ * (ix, instance and sink left for the caller). @return the op (the
+ * caller submits it), or NULL when the record cannot be replayed (a block
+ * without content or position that names no seq hash). Any thread.
+ */
+struct kvi_op *kvi_recovery_rec_op(const struct kvi_dump_rec *r);
 
 /** P2P recovery outcome (/status "recovery"). */
 enum kvi_recovery_result {

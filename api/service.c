@@ -397,7 +397,9 @@ void kvi_service_status(struct kvi_service *svc, struct kvi_status_view *out)
         out->nats_connected = ci.connected;
         bool caught_up = kvi_nats_ready(n, &out->nats_pending);
         if (!caught_up && strcmp(reason, "ready") == 0) /* (no server answers: nothing is caught up) */
-            reason = ci.connected ? "nats_catching_up" : "nats_unreachable";
+            reason = !ci.connected            ? "nats_unreachable"
+                     : kvi_nats_restoring(n) ? "nats_loading_snapshot"
+                                             : "nats_catching_up";
     }
     out->reason = reason;
     out->ready = strcmp(reason, "ready") == 0;

@@ -156,6 +156,9 @@ struct kvi_service {
     _Atomic bool registry_active;  /* the bucket is watched: /ready waits for registry_loaded */
     _Atomic bool registry_loaded;
     bool nats_failed; /* control thread: the plane could not be created (logged once) */
+    /* --nats-snapshot (api/service_snapshot.c): the stream sources' snapshot hooks; created with the
+     * plane (control thread), freed after it */
+    struct kvi_svc_snap *snap;
 
     /* --zmq-bind and POST /zmq/bind (api/service_zbind.c): the endpoints (slots added by the
      * control thread under mu, each freed only at destroy: a closed one is reopened in place) and
@@ -351,6 +354,12 @@ int kvi_svc__nats_source(struct kvi_service *svc, const struct kvi_dyn_nats_sour
 void kvi_svc__dyn_drop_rank(struct kvi_service *svc, uint64_t id, uint32_t rank);
 
 /* ---- NATS sources (api/service_nats.c) ----------------------------------------------------- */
+
+/** The snapshot hooks of --nats-snapshot (created at the first call), or NULL without it. Control
+ * thread, before the plane is created. */
+const struct kvi_nats_snap_hooks *kvi_svc__snap_hooks(struct kvi_service *svc);
+/** Free the snapshot hooks and their bucket handle: after the plane is destroyed. Control thread. */
+void kvi_svc__snap_free(struct kvi_service *svc);
 
 /** The plane, created at the first call when --nats is set (NULL otherwise, or when it cannot start).
  * Control thread. */

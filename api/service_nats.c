@@ -65,6 +65,7 @@ struct kvi_nats *kvi_svc__nats_plane(struct kvi_service *svc)
     struct kvi_nats_config c = a->conn;
     c.writers = svc->writers;
     c.name = "kvidx";
+    c.snap = kvi_svc__snap_hooks(svc);
     n = kvi_nats_create(&c);
     if (n == NULL) {
         kvi_log_error("nats: cannot start the NATS plane (%s): no NATS source or registry runs", strerror(errno));
@@ -156,6 +157,7 @@ void kvi_svc__nats_stop(struct kvi_service *svc)
     kvi_svc__registry_close(svc); /* it watches through the plane's connection */
     struct kvi_nats *n = atomic_exchange(&svc->nats, NULL);
     kvi_nats_destroy(n);
+    kvi_svc__snap_free(svc); /* (its hooks ran on the sources' threads, joined now) */
     free(svc->nats_ns); /* (the namespaces go with the registry) */
     svc->nats_ns = NULL;
     svc->n_nats_ns = 0;

@@ -15,6 +15,7 @@ int kvi_bench_ring(int argc, char **argv);
 int kvi_bench_decode(int argc, char **argv);
 int kvi_bench_trace(int argc, char **argv);
 int kvi_bench_ingest(int argc, char **argv);
+int kvi_bench_snapshot(int argc, char **argv);
 
 /* Shared helpers (bench/util.c). */
 uint64_t kvi_bench_rand(uint64_t *state);  /* splitmix64 */

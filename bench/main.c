@@ -19,6 +19,7 @@ static const struct subcommand subcommands[] = {
     {"trace", kvi_bench_trace, "Mooncake-trace replay: kvidx vs baselines, keep-up and find latency"},
     {"ingest", kvi_bench_ingest, "ZMQ publishers -> listeners -> writers -> index on the Mooncake event mix"},
     {"demo", kvi_bench_demo, "mock engines publishing a Mooncake trace into a running kvidxd (until Ctrl-C)"},
+    {"snapshot", kvi_bench_snapshot, "--nats-snapshot on a 1 M-block JetStream namespace: size, write and load vs replay"},
     {"soak", kvi_bench_soak, "N-minute end-to-end run through kvidxd, then checks errors, RSS, /dump and counters"},
 };
 

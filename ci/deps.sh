@@ -9,7 +9,7 @@ PKGS=(
   liburcu-dev libzmq3-dev libmsgpack-dev libxxhash-dev
   libh2o-evloop-dev libssl-dev libjemalloc-dev libcmocka-dev
   libcurl4-openssl-dev curl nghttp2-client
-  nats-server libnats-dev libprotobuf-c1
+  nats-server libnats-dev libprotobuf-c1 zlib1g-dev
   clang libclang-rt-14-dev
   python3 python3-xxhash python3-msgpack python3-zmq
   gnuplot-nox

@@ -68,6 +68,7 @@ struct source {
     uint32_t index;
     enum kvi_nats_kind kind;
     char subject[KVI_NATS_NAME_MAX];
+    char filter[KVI_NATS_NAME_MAX]; /* stream: the filter subject as configured ("" = none) */
     char stream[KVI_NATS_NAME_MAX];
     char label[KVI_NATS_NAME_MAX];
     struct kvi_index *ix;
@@ -101,7 +102,11 @@ struct source {
 
     /* stream state */
     _Atomic bool caught_up;
+    _Atomic bool restoring;  /* snapshot hooks set and the restore not done (kvi_nats_restoring) */
     uint64_t start_last_seq;
+    uint64_t applied_seq;    /* thread: highest stream sequence applied (and flushed at boundaries) */
+    uint64_t snap_seq;       /* thread: sequence of the last snapshot stored or loaded */
+    uint64_t next_snap_ns;   /* thread: when the next snapshot is due */
     char last_error[256];
 
     struct kvi_nats_counters ctr;
@@ -114,6 +119,7 @@ struct kvi_nats {
     uint32_t fetch_batch;
     int pending_msgs;
     int64_t pending_bytes;
+    const struct kvi_nats_snap_hooks *snap; /* NULL: no snapshots */
     _Atomic bool stop; /* S1 */
     pthread_mutex_t mu; /* sources array (control plane) */
     struct source **src;
@@ -512,8 +518,16 @@ static natsSubscription *stream_setup(struct source *s, jsCtx *js, bool first, u
         pthread_mutex_lock(&s->mu);
         s->start_last_seq = si->State.LastSeq;
         pthread_mutex_unlock(&s->mu);
-        if (si->State.LastSeq == 0 || si->State.Msgs == 0)
+        if (si->State.LastSeq == 0 || si->State.Msgs == 0 || (start_seq > 0 && si->State.LastSeq < start_seq))
             atomic_store_explicit(&s->caught_up, true, memory_order_release);
+        if (start_seq > 0 && si->State.FirstSeq > start_seq)
+            kvi_log_warn("nats stream %s: the snapshot covers up to %" PRIu64 " but the stream starts at %" PRIu64
+                         ": the messages between are lost to this replica",
+                         s->stream, start_seq - 1, si->State.FirstSeq);
+        else if (start_seq == 0 && si->State.FirstSeq > 1)
+            kvi_log_warn("nats stream %s starts at sequence %" PRIu64 ": what came before (purged or aged out) is "
+                         "not rebuilt from it (--nats-snapshot or --peers cover that)",
+                         s->stream, si->State.FirstSeq);
     }
     jsStreamInfo_Destroy(si);
 
@@ -521,8 +535,8 @@ static natsSubscription *stream_setup(struct source *s, jsCtx *js, bool first, u
     if (first) {
         st = js_DeleteConsumer(js, s->stream, durable, NULL, &jerr);
         if (st == NATS_OK)
-            kvi_log_info("nats stream %s: consumer %s re-created to read the stream from its start", s->stream,
-                         durable);
+            kvi_log_info("nats stream %s: consumer %s re-created to read the stream from %s", s->stream, durable,
+                         start_seq > 0 ? "after its snapshot" : "its start");
     }
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
@@ -531,7 +545,7 @@ static natsSubscription *stream_setup(struct source *s, jsCtx *js, bool first, u
     cc.AckWait = (int64_t)30 * 1000000000;
     cc.MaxAckPending = 100000;
     cc.FilterSubject = s->subject;
-    if (first || start_seq == 0) {
+    if (start_seq == 0) {
         cc.DeliverPolicy = js_DeliverAll;
     } else {
         cc.DeliverPolicy = js_DeliverByStartSequence;
@@ -571,6 +585,7 @@ static void stream_batch(struct source *s, natsMsgList *list)
             redelivered = md->NumDelivered > 1;
             CTR_SET(s, pending, md->NumPending);
             CTR_SET(s, last_stream_seq, md->Sequence.Stream);
+            s->applied_seq = KVI_MAX(s->applied_seq, md->Sequence.Stream);
             if (md->NumPending == 0 || md->Sequence.Stream >= s->start_last_seq)
                 atomic_store_explicit(&s->caught_up, true, memory_order_release);
             jsMsgMetaData_Destroy(md);
@@ -603,6 +618,108 @@ static void check_caught_up(struct source *s, natsSubscription *sub)
     jsConsumerInfo_Destroy(ci);
 }
 
+/* The hooks' view of the source now. order: NULL for a restore. */
+static struct kvi_nats_snap_point snap_point(struct source *s, const struct kvi_nats_order *order, size_t n)
+{
+    return (struct kvi_nats_snap_point){.source = s->index, .stream = s->stream, .subject = s->filter,
+                                        .label = s->label, .ix = s->ix, .seq = order ? s->applied_seq : 0,
+                                        .order = order, .n_order = n, .prod = s->prod};
+}
+
+/*
+ * Load the start-up snapshot (hooks' restore) and seed the order state from
+ * it. @return the sequence to start the consumer at (0: the whole stream),
+ * or -EAGAIN (NATS not answering: retry).
+ */
+static int64_t stream_restore(struct source *s)
+{
+    const struct kvi_nats_snap_hooks *h = s->plane->snap;
+    struct kvi_nats_restore r = {0};
+    struct kvi_nats_snap_point p = snap_point(s, NULL, 0);
+    uint64_t t0 = now_ns();
+    int rc = h->restore(h->ctx, &p, &r);
+    if (rc == -EAGAIN) {
+        set_error(s, "snapshot: NATS did not answer; retrying");
+        return -EAGAIN;
+    }
+    kvi_producer_flush(s->prod);
+    if (r.failed)
+        CTR_ADD(s, snap_load_fallbacks, 1);
+    if (rc != 0 || r.seq == 0) {
+        free(r.order);
+        return 0;
+    }
+    for (size_t i = 0; i < r.n_order; i++) {
+        const struct kvi_nats_order *o = &r.order[i];
+        size_t widx;
+        if (worker_get(s, o->worker_id, &widx) == NULL)
+            continue;
+        struct rank_state *rs = rank_get(s, o->worker_id, o->dp_rank, (uint32_t)widx);
+        rs->has_last = true;
+        atomic_store_explicit(&rs->last_id, o->last_event_id, memory_order_relaxed);
+        rs->has_pub = o->has_pub;
+        rs->publisher_id = o->publisher_id;
+    }
+    free(r.order);
+    s->applied_seq = s->snap_seq = r.seq;
+    CTR_SET(s, last_stream_seq, r.seq);
+    CTR_ADD(s, snap_loaded, 1);
+    CTR_SET(s, snap_seq, r.seq);
+    CTR_SET(s, snap_loaded_blocks, r.blocks);
+    CTR_SET(s, snap_load_ms, (now_ns() - t0) / 1000000u);
+    kvi_log_info("nats stream %s: snapshot at sequence %" PRIu64 " loaded (%" PRIu64 " blocks, %zu ranks, %" PRIu64
+                 " ms); reading the stream after it",
+                 s->stream, r.seq, r.blocks, r.n_order, (now_ns() - t0) / 1000000u);
+    return (int64_t)r.seq + 1;
+}
+
+/* At a sequence boundary (everything fetched is applied and flushed): take a snapshot when due. */
+static void maybe_snapshot(struct source *s)
+{
+    const struct kvi_nats_snap_hooks *h = s->plane->snap;
+    if (h == NULL || h->take == NULL || h->every_ms == 0)
+        return;
+    uint64_t t = now_ns();
+    /* (not while catching up: each snapshot would pause the catch-up it does not need) */
+    if (t < s->next_snap_ns || s->applied_seq <= s->snap_seq ||
+        !atomic_load_explicit(&s->caught_up, memory_order_relaxed))
+        return;
+    s->next_snap_ns = t + (uint64_t)h->every_ms * 1000000u;
+    kvi_producer_flush(s->prod);
+    size_t n = 0;
+    struct kvi_nats_order *o = kvi_xmalloc((s->n_ranks ? s->n_ranks : 1) * sizeof *o);
+    for (size_t i = 0; i < s->n_ranks; i++) {
+        const struct rank_state *r = &s->ranks[i];
+        if (r->has_last)
+            o[n++] = (struct kvi_nats_order){r->worker_id, r->dp_rank, r->has_pub,
+                                             atomic_load_explicit(&((struct rank_state *)r)->last_id,
+                                                                  memory_order_relaxed),
+                                             r->publisher_id};
+    }
+    struct kvi_nats_snap_point p = snap_point(s, o, n);
+    struct kvi_nats_snap_result res = {0};
+    int rc = h->take(h->ctx, &p, &res);
+    free(o);
+    if (rc == 0) {
+        s->snap_seq = p.seq;
+        CTR_ADD(s, snap_written, 1);
+        CTR_SET(s, snap_seq, p.seq);
+        CTR_SET(s, snap_bytes, res.bytes);
+        CTR_SET(s, snap_raw_bytes, res.raw_bytes);
+        CTR_SET(s, snap_write_ms, (now_ns() - t) / 1000000u);
+        if (res.purged_below > 0) {
+            CTR_ADD(s, snap_purges, 1);
+            CTR_SET(s, snap_purged_below, res.purged_below);
+        }
+    } else if (rc == -ESTALE) {
+        s->snap_seq = p.seq; /* one as new is stored: nothing to add until more is applied */
+        CTR_ADD(s, snap_superseded, 1);
+        CTR_SET(s, snap_seq, p.seq);
+    } else {
+        CTR_ADD(s, snap_failed, 1);
+    }
+}
+
 static void stream_loop(struct source *s)
 {
     jsCtx *js = NULL;
@@ -614,10 +731,20 @@ static void stream_loop(struct source *s)
     bool first = true;
     uint32_t backoff = 100, fails = 0;
     int batch = (int)s->plane->fetch_batch;
+    s->next_snap_ns = now_ns() + (s->plane->snap ? (uint64_t)s->plane->snap->every_ms * 1000000u : 0);
     while (!stopping(s)) {
         run_command(s);
+        if (atomic_load_explicit(&s->restoring, memory_order_relaxed)) {
+            if (stream_restore(s) == -EAGAIN) {
+                pause_ms(s, backoff);
+                backoff = KVI_MIN(backoff * 2, RETRY_MS_MAX);
+                continue;
+            }
+            backoff = 100;
+            atomic_store_explicit(&s->restoring, false, memory_order_release);
+        }
         if (sub == NULL) {
-            uint64_t next = atomic_load_explicit(&s->ctr.last_stream_seq, memory_order_relaxed);
+            uint64_t next = s->applied_seq;
             sub = stream_setup(s, js, first, next ? next + 1 : 0);
             if (sub == NULL) {
                 CTR_ADD(s, consumer_errors, 1);
@@ -635,11 +762,13 @@ static void stream_loop(struct source *s)
             fails = 0;
             stream_batch(s, &list);
             natsMsgList_Destroy(&list);
+            maybe_snapshot(s);
             continue;
         }
         natsMsgList_Destroy(&list);
         if (st == NATS_TIMEOUT) {
             fails = 0;
+            maybe_snapshot(s);
             if (!atomic_load_explicit(&s->caught_up, memory_order_relaxed))
                 check_caught_up(s, sub);
             continue;
@@ -716,6 +845,7 @@ struct kvi_nats *kvi_nats_create(const struct kvi_nats_config *cfg)
     n->fetch_batch = cfg->fetch_batch ? cfg->fetch_batch : KVI_NATS_DEFAULT_FETCH_BATCH;
     n->pending_msgs = cfg->pending_msgs ? cfg->pending_msgs : KVI_NATS_DEFAULT_PENDING_MSGS;
     n->pending_bytes = cfg->pending_bytes ? cfg->pending_bytes : KVI_NATS_DEFAULT_PENDING_BYTES;
+    n->snap = cfg->snap;
     pthread_mutex_init(&n->mu, NULL);
     int rc = kvi_nats_conn_open(&n->conn, cfg);
     if (rc != 0) {
@@ -742,10 +872,13 @@ int kvi_nats_add_source(struct kvi_nats *n, const struct kvi_nats_source_spec *s
     s->ix = spec->ix;
     s->block_size = spec->block_size;
     snprintf(s->subject, sizeof s->subject, "%s", spec->subject ? spec->subject : "");
+    snprintf(s->filter, sizeof s->filter, "%s", s->subject);
     snprintf(s->stream, sizeof s->stream, "%s", spec->stream ? spec->stream : "");
     snprintf(s->label, sizeof s->label, "%s", spec->label ? spec->label : "");
     s->warn_budget = WARN_BUDGET;
     atomic_store_explicit(&s->caught_up, core, memory_order_relaxed);
+    atomic_store_explicit(&s->restoring, !core && n->snap != NULL && n->snap->restore != NULL,
+                          memory_order_relaxed);
     s->dec = kvi_router_decoder_new();
     if (s->dec == NULL) {
         free(s);
@@ -823,6 +956,7 @@ int kvi_nats_source_info(struct kvi_nats *n, size_t i, struct kvi_nats_source_in
     out->ix = s->ix;
     out->ctr = &s->ctr;
     out->caught_up = atomic_load_explicit(&s->caught_up, memory_order_acquire);
+    out->restoring = atomic_load_explicit(&s->restoring, memory_order_acquire);
     snprintf(out->stream, sizeof out->stream, "%s", s->stream);
     snprintf(out->label, sizeof out->label, "%s", s->label);
     pthread_mutex_lock(&s->mu);
@@ -856,6 +990,18 @@ bool kvi_nats_ready(struct kvi_nats *n, uint64_t *pending)
     if (pending != NULL)
         *pending = sum;
     return ready;
+}
+
+bool kvi_nats_restoring(struct kvi_nats *n)
+{
+    bool any = false;
+    for (size_t i = 0; !any; i++) {
+        struct source *s = source_at(n, i);
+        if (s == NULL)
+            break;
+        any = atomic_load_explicit(&s->restoring, memory_order_acquire);
+    }
+    return any;
 }
 
 void kvi_nats_foreach_worker(struct kvi_nats *n, void (*fn)(void *ctx, const struct kvi_nats_worker_view *w),

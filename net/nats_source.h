@@ -50,6 +50,17 @@
  *            start-up (kvi_nats_ready). History the stream no longer holds
  *            (max age, purges) cannot be rebuilt from it: P2P recovery
  *            (--peers) covers that.
+ *   snapshots  with hooks (kvi_nats_config.snap, struct kvi_nats_snap_hooks),
+ *            a stream source first calls restore on its own thread (retried
+ *            while NATS does not answer; kvi_nats_restoring is true until
+ *            it is done), seeds its order state from the snapshot and
+ *            re-creates its consumer to deliver from the snapshot's
+ *            sequence + 1 (DeliverByStartSequence) instead of the whole
+ *            stream. Every every_ms once caught up, at a sequence boundary (after a
+ *            fetched batch is applied and kvi_producer_flush returned, before
+ *            the next fetch) it calls take with the last sequence applied
+ *            and the order state: nothing is applied while take runs, so the
+ *            snapshot is exact (the stream waits meanwhile).
  *   The payload form (envelope, JSON, msgpack) is detected per message;
  *   a message that does not decode is counted by reason and skipped (a
  *   JetStream one is acked, so it is not redelivered forever).
@@ -96,6 +107,62 @@
 #define KVI_NATS_DEFAULT_PENDING_BYTES ((int64_t)1 << 30)
 #define KVI_NATS_NAME_MAX 256 /* bytes of a subject, stream, durable or label, NUL included */
 
+/** One (worker_id, dp_rank)'s order state (SOURCES), as a snapshot keeps it. */
+struct kvi_nats_order {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    bool has_pub;           /* publisher_id known (envelope form) */
+    uint64_t last_event_id;
+    uint64_t publisher_id;
+};
+
+/** A stream source at a sequence boundary, handed to the snapshot hooks. */
+struct kvi_nats_snap_point {
+    uint32_t source;        /* source index */
+    const char *stream, *label;
+    const char *subject;    /* the filter subject as configured ("" = none: the stream's only one) */
+    struct kvi_index *ix;
+    uint64_t seq;           /* take: every message of the source up to this stream sequence is
+                               applied (the producer flushed), none after it */
+    const struct kvi_nats_order *order; /* take: the order state at seq */
+    size_t n_order;
+    struct kvi_producer *prod; /* the source thread's producer (submit, flush, dump) */
+};
+
+/** What a restore found (kvi_nats_snap_hooks.restore). */
+struct kvi_nats_restore {
+    uint64_t seq;           /* the snapshot's sequence; 0: none loaded, read the whole stream */
+    struct kvi_nats_order *order; /* malloc'ed, the source takes it (NULL when n_order is 0) */
+    size_t n_order;
+    uint64_t blocks;        /* blocks it stored */
+    bool failed;            /* a snapshot was there but did not load (it fell back to the stream) */
+};
+
+/** What a stored snapshot took (kvi_nats_snap_hooks.take). */
+struct kvi_nats_snap_result {
+    uint64_t raw_bytes, bytes;  /* blob uncompressed / compressed */
+    uint64_t purged_below;      /* the stream was purged below this sequence (0: not purged) */
+};
+
+/**
+ * Snapshots of stream sources (kvidxd --nats-snapshot). Both hooks run on
+ * the source's thread, which applies nothing while they run: restore once
+ * before its consumer is set up, take at a sequence boundary every
+ * every_ms (when messages were applied since the last one).
+ */
+struct kvi_nats_snap_hooks {
+    /**
+     * Load the newest snapshot into p->ix through p->prod (p->seq is 0, no
+     * order). @return 0 (@p out filled: seq 0 = read the whole stream), or
+     * -EAGAIN (NATS not answering: the source retries with a backoff).
+     */
+    int (*restore)(void *ctx, const struct kvi_nats_snap_point *p, struct kvi_nats_restore *out);
+    /** Store a snapshot of @p p. @return 0 (@p r filled), -ESTALE (a newer one is stored), or a negative errno. */
+    int (*take)(void *ctx, const struct kvi_nats_snap_point *p, struct kvi_nats_snap_result *r);
+    void *ctx;
+    uint32_t every_ms;      /* period of take (0: never) */
+};
+
 struct kvi_nats_config {
     const char *servers;        /* "nats://host:4222[,nats://...]" (required) */
     const char *user, *password;/* optional */
@@ -110,6 +177,7 @@ struct kvi_nats_config {
     uint32_t reconnect_wait_ms; /* first reconnect delay; 0 = default */
     int pending_msgs;           /* core subscription pending limit; 0 = default */
     int64_t pending_bytes;      /* core subscription pending limit; 0 = default */
+    const struct kvi_nats_snap_hooks *snap; /* stream sources' snapshots (NULL: none); outlives the plane */
 };
 
 enum kvi_nats_kind {
@@ -146,6 +214,21 @@ struct kvi_nats_counters {
     _Atomic uint64_t consumer_errors; /* stream: consumer set-up / fetch failures */
     _Atomic uint64_t invalid;       /* decoded but unusable (a stored event placed at
                                        start_position > 0 without a parent) */
+    /* stream, with snapshot hooks (struct kvi_nats_snap_hooks) */
+    _Atomic uint64_t snap_written;  /* snapshots stored */
+    _Atomic uint64_t snap_failed;   /* snapshots that could not be stored (retried next period) */
+    _Atomic uint64_t snap_superseded; /* snapshots discarded: another replica stored a newer one */
+    _Atomic uint64_t snap_seq;      /* stream sequence of the last snapshot stored, loaded, or found
+                                       stored as new by another replica */
+    _Atomic uint64_t snap_bytes;    /* the last stored snapshot, compressed */
+    _Atomic uint64_t snap_raw_bytes;/* the last stored snapshot, uncompressed */
+    _Atomic uint64_t snap_write_ms; /* the last snapshot's time, dump to manifest and purge */
+    _Atomic uint64_t snap_loaded;   /* snapshots loaded at start-up */
+    _Atomic uint64_t snap_load_fallbacks; /* start-ups that fell back to the whole stream */
+    _Atomic uint64_t snap_load_ms;  /* the start-up load's time */
+    _Atomic uint64_t snap_loaded_blocks; /* blocks the start-up snapshot stored */
+    _Atomic uint64_t snap_purges;   /* stream purges after a snapshot */
+    _Atomic uint64_t snap_purged_below; /* the stream was last purged below this sequence */
 };
 
 struct kvi_nats_source_info {
@@ -155,6 +238,7 @@ struct kvi_nats_source_info {
     char label[KVI_NATS_NAME_MAX];
     struct kvi_index *ix;
     bool caught_up;       /* stream: delivered the start-up last sequence (core: true) */
+    bool restoring;       /* stream: loading its snapshot (hooks set, not done yet) */
     uint64_t start_last_seq; /* stream: the stream's last sequence at start-up */
     uint64_t workers;     /* (worker_id, dp_rank) pairs known */
     char last_error[256]; /* "" when none */
@@ -216,6 +300,9 @@ void kvi_nats_conn_info(struct kvi_nats *n, struct kvi_nats_conn_info *out);
  * Any thread.
  */
 bool kvi_nats_ready(struct kvi_nats *n, uint64_t *pending);
+
+/** Is a stream source still loading its start-up snapshot? Any thread. */
+bool kvi_nats_restoring(struct kvi_nats *n);
 
 /**
  * Call @p fn for every known (worker_id, dp_rank), source by source, with
