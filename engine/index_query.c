@@ -14,34 +14,13 @@
 
 /* ---- prefix keys ------------------------------------------------------------ */
 
-/* key_step with the secrets in registers (stores to keys[] could alias
- * ix's fields, so the compiler reloaded both every block) and the position
- * term (i + 1) * phi kept as a running sum instead of a multiply. (A store
- * chains key_step itself, block by block: see run_key.) keys_run resumes a
- * chain from (*kp, *wp), so queries compute their keys lazily (keys_upto).
- * test_prefix_keys_match_definition pins it to the definition.
- * measured (kvidx-bench micro, 1,024 keys, interleaved runs, with the
- * folded-product step of the fourth session): 1,000-1,002 ns -> 870-962 ns.
- * With the fmix64 step (a bijection: engine/index_impl.h, key_term) 1,255-
- * 1,278 ns. */
-static inline void keys_run(const struct kvi_index *ix, const uint64_t *content, size_t from, size_t to,
-                            uint64_t *keys, uint64_t *kp, uint64_t *wp)
-{
-    const uint64_t sx = ix->kxor, sm = ix->kmul;
-    uint64_t k = *kp, w = *wp;
-    for (size_t i = from; i < to; i++) {
-        w += PHI;
-        k += key_term(content[i], sx, w, sm);
-        keys[i] = k;
-    }
-    *kp = k;
-    *wp = w;
-}
-
+/* The whole chain at once (engine/index_keys.c; queries compute theirs
+ * lazily, keys_upto). test_prefix_keys_match_definition pins it to the
+ * definition. */
 void kvi_index_prefix_keys(const struct kvi_index *ix, const uint64_t *content, size_t n, uint64_t *keys)
 {
     uint64_t k = ix->kseed, w = 0;
-    keys_run(ix, content, 0, n, keys, &k, &w);
+    kvi_ix__keys_run(ix, content, 0, n, keys, &k, &w);
 }
 
 /* ---- queries ---------------------------------------------------------------- */
@@ -257,7 +236,7 @@ static void keys_upto(const struct kvi_index *ix, struct qscratch *q, size_t t)
     size_t to = (t / QKEY_CHUNK + 1) * QKEY_CHUNK;
     if (to > q->kn)
         to = q->kn;
-    keys_run(ix, q->kcontent, q->kready, to, q->keys, &q->kk, &q->kw);
+    kvi_ix__keys_run(ix, q->kcontent, q->kready, to, q->keys, &q->kk, &q->kw);
     q->kready = to;
 }
 
