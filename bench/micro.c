@@ -583,10 +583,12 @@ int kvi_bench_micro(int argc, char **argv)
            "\"reader2_p99_ns_idle\":%.0f,\"reader2_p99_ns_under_writes\":%.0f,\"bytes_per_block_worker\":%.1f,"
            "\"store_cpu_ns_per_block\":%.1f,\"remove_cpu_ns_per_block\":%.1f,\"find_hit_cpu_ns\":%.0f,"
            "\"find_partial_cpu_ns\":%.0f,\"store_presized_ns_per_block\":%.1f,\"store_presized_cpu_ns_per_block\":%.1f,"
-           "\"store_rebuild_ns_per_block\":%.1f,\"store_rebuild_slots_per_block\":%.2f}\n",
+           "\"store_rebuild_ns_per_block\":%.1f,\"store_rebuild_slots_per_block\":%.2f,"
+           "\"store_again_ns_per_block\":%.1f,\"prefix_keys_ns\":%.0f}\n",
            (unsigned long long)c.seqs * c.depth, c.workers, c.depth, c.replicas, store_ns, remove_ns, dhit.mean_ns,
            dpart.mean_ns, idle1.p99_ns, busy1.p99_ns, idle2.p99_ns, busy2.p99_ns, bytes_per, store_cpu, remove_cpu,
-           dhit.cpu_mean_ns, dpart.cpu_mean_ns, presized_ns, presized_cpu, rebuild_ns, rebuild_slots);
+           dhit.cpu_mean_ns, dpart.cpu_mean_ns, presized_ns, presized_cpu, rebuild_ns, rebuild_slots, restore_ns,
+           keys_ns);
 
     free(b);
     free(tmp);
