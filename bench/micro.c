@@ -64,6 +64,16 @@ static uint64_t *eh_of(const struct shape *s, uint32_t q, uint32_t r)
     return s->eh + ((size_t)q * s->c.replicas + r) * s->c.depth;
 }
 
+static uint32_t gcd_u32(uint32_t a, uint32_t b)
+{
+    while (b != 0) {
+        uint32_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 static void shape_build(struct shape *s, struct kvi_index *ix)
 {
     uint64_t rng = s->c.seed;
@@ -78,9 +88,15 @@ static void shape_build(struct shape *s, struct kvi_index *ix)
     uint32_t *inst = kvi_xmalloc(s->c.workers * sizeof(uint32_t));
     for (uint32_t w = 0; w < s->c.workers; w++)
         inst[w] = (uint32_t)kvi_index_intern_instance(ix, 1000 + w, NULL, false);
+    /* a sequence's R holders are W / R + 1 workers apart, or the next
+     * stride coprime to W: R distinct workers (a stride sharing a factor
+     * with W, as 2 with R = W = 128, named only W / 2 of them) */
+    uint32_t stride = s->c.workers / s->c.replicas + 1;
+    while (gcd_u32(stride, s->c.workers) != 1)
+        stride++;
     for (uint32_t q = 0; q < s->c.seqs; q++)
         for (uint32_t r = 0; r < s->c.replicas; r++)
-            s->owner[q * s->c.replicas + r] = inst[(q + r * (s->c.workers / s->c.replicas + 1)) % s->c.workers];
+            s->owner[q * s->c.replicas + r] = inst[(q + (uint64_t)r * stride) % s->c.workers];
     free(inst);
 }
 
@@ -583,10 +599,12 @@ int kvi_bench_micro(int argc, char **argv)
            "\"reader2_p99_ns_idle\":%.0f,\"reader2_p99_ns_under_writes\":%.0f,\"bytes_per_block_worker\":%.1f,"
            "\"store_cpu_ns_per_block\":%.1f,\"remove_cpu_ns_per_block\":%.1f,\"find_hit_cpu_ns\":%.0f,"
            "\"find_partial_cpu_ns\":%.0f,\"store_presized_ns_per_block\":%.1f,\"store_presized_cpu_ns_per_block\":%.1f,"
-           "\"store_rebuild_ns_per_block\":%.1f,\"store_rebuild_slots_per_block\":%.2f}\n",
+           "\"store_rebuild_ns_per_block\":%.1f,\"store_rebuild_slots_per_block\":%.2f,"
+           "\"store_again_ns_per_block\":%.1f,\"prefix_keys_ns\":%.0f}\n",
            (unsigned long long)c.seqs * c.depth, c.workers, c.depth, c.replicas, store_ns, remove_ns, dhit.mean_ns,
            dpart.mean_ns, idle1.p99_ns, busy1.p99_ns, idle2.p99_ns, busy2.p99_ns, bytes_per, store_cpu, remove_cpu,
-           dhit.cpu_mean_ns, dpart.cpu_mean_ns, presized_ns, presized_cpu, rebuild_ns, rebuild_slots);
+           dhit.cpu_mean_ns, dpart.cpu_mean_ns, presized_ns, presized_cpu, rebuild_ns, rebuild_slots, restore_ns,
+           keys_ns);
 
     free(b);
     free(tmp);

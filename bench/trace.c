@@ -32,6 +32,7 @@
 #include "bench/plot.h"
 #include "bench/trace.h"
 #include "bench/trace_e2e.h"
+#include "bench/trace_io.h"
 #include "bench/trace_replay.h"
 #include "engine/common.h"
 #include "engine/index.h"
@@ -46,6 +47,8 @@ struct trace_opts {
     struct kvi_trace_workload_cfg wl;
     uint32_t readers, writers, ring_capacity, jump;
     bool serial;    /* --serial: one thread applies and queries (kvi_trace_serial) */
+    char export_path[PATH_MAX]; /* --export: write the timeline there and stop */
+    char import_path[PATH_MAX]; /* --import: the timeline from there, not from a trace */
     char backends[256];
     double window_ms;
     double sweep_min_ms, sweep_max_ms;
@@ -131,6 +134,12 @@ static void usage(FILE *f)
             "  --distinct-tokens       tokens of an id all differ (default: all equal the id,\n"
             "                          the reference benchmark's rule)\n"
             "  --seed S                partitioning and engine-hash seed (42)\n"
+            "  --export FILE           write the replay's exact timeline to FILE and stop (no\n"
+            "                          replay): msgpack, format \"kvidx-timeline\" version 1,\n"
+            "                          specified in bench/README.md#timeline-format\n"
+            "  --import FILE           replay the timeline of FILE instead of simulating a trace\n"
+            "                          (the trace and workload options above do not apply; in\n"
+            "                          process or --serial, not --e2e, which needs the tokens)\n"
             "\n"
             "replay:\n"
             "  --backends LIST         of kvidx,radix-lock,naive-map (all)\n"
@@ -234,7 +243,7 @@ enum {
     O_TRACE = 256, O_SYNTH_REQ, O_WORKERS, O_WORKER_DUP, O_TRACE_DUP, O_LENGTH, O_BLOCK, O_GPU, O_SIM, O_SPEEDUP,
     O_PREFILL, O_DECODE, O_DISTINCT, O_SEED, O_BACKENDS, O_READERS, O_WRITERS, O_RING, O_JUMP, O_OVERRUN,
     O_WINDOW, O_SMIN, O_SMAX, O_STEPS, O_STOP, O_OUT, O_NOPLOT, O_NOPROG, O_E2E, O_E2E_SPAWN, O_E2E_QUERY,
-    O_SERIAL,
+    O_SERIAL, O_EXPORT, O_IMPORT,
 };
 
 /* @return 0 to run, 1 after --help, 2 on a usage error */
@@ -287,6 +296,8 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
         {"e2e-spawn", required_argument, NULL, O_E2E_SPAWN},
         {"e2e-query", required_argument, NULL, O_E2E_QUERY},
         {"serial", no_argument, NULL, O_SERIAL}, /* opts[c - O_TRACE]: enum order */
+        {"export", required_argument, NULL, O_EXPORT},
+        {"import", required_argument, NULL, O_IMPORT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -316,6 +327,8 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
         case O_RING: ok = parse_u32(optarg, &o->ring_capacity, 2); break;
         case O_JUMP: ok = parse_u32(optarg, &o->jump, 0); break;
         case O_SERIAL: o->serial = true; break;
+        case O_EXPORT: ok = optarg[0] != 0; snprintf(o->export_path, sizeof o->export_path, "%s", optarg); break;
+        case O_IMPORT: ok = optarg[0] != 0; snprintf(o->import_path, sizeof o->import_path, "%s", optarg); break;
         case O_OVERRUN: ok = parse_pos(optarg, &o->max_overrun) && o->max_overrun > 1.0; break;
         case O_WINDOW: ok = parse_pos(optarg, &o->window_ms); break;
         case O_SMIN: ok = parse_pos(optarg, &o->sweep_min_ms); break;
@@ -341,6 +354,10 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
     }
     if (optind < argc) {
         fprintf(stderr, "trace: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (o->export_path[0] && o->import_path[0]) {
+        fprintf(stderr, "trace: --export and --import exclude each other\n");
         return 2;
     }
     if (o->sweep_min_ms > o->sweep_max_ms) {
@@ -402,12 +419,15 @@ static void print_workload(const struct kvi_trace_workload *w)
     uint64_t blocks = s->query_blocks + s->stored_blocks + s->removed_blocks;
     printf("workload: %u workers x %u replica(s), block %u tokens, %u GPU blocks per worker, seed %llu\n",
            c->n_workers, c->worker_dup, c->block_size, c->gpu_blocks, (unsigned long long)c->seed);
-    printf("  engine: trace squeezed into %.0f ms, speedup %.0f, prefill %.0f tok/s, decode %.0f ms/tok; "
-           "%llu requests waited for blocks, %llu dropped (too large for the pool)\n",
-           c->sim_ms, c->speedup, c->prefill_tok_per_s, c->decode_ms_per_tok, (unsigned long long)s->waited,
-           (unsigned long long)s->dropped);
-    double hit = s->hit_blocks + s->computed_blocks ? (double)s->hit_blocks / (double)(s->hit_blocks + s->computed_blocks) : 0;
-    printf("  engine prefix-cache hit rate %.1f %% of prompt blocks\n", 100.0 * hit);
+    if (w->trace != NULL) { /* imported: the engines' figures are not in the file */
+        printf("  engine: trace squeezed into %.0f ms, speedup %.0f, prefill %.0f tok/s, decode %.0f ms/tok; "
+               "%llu requests waited for blocks, %llu dropped (too large for the pool)\n",
+               c->sim_ms, c->speedup, c->prefill_tok_per_s, c->decode_ms_per_tok, (unsigned long long)s->waited,
+               (unsigned long long)s->dropped);
+        uint64_t all = s->hit_blocks + s->computed_blocks;
+        printf("  engine prefix-cache hit rate %.1f %% of prompt blocks\n",
+               all ? 100.0 * (double)s->hit_blocks / (double)all : 0.0);
+    }
     printf("  %llu queries (%llu blocks), %llu stored events (%llu blocks), %llu removed events (%llu blocks)\n",
            (unsigned long long)s->queries, (unsigned long long)s->query_blocks, (unsigned long long)s->stores,
            (unsigned long long)s->stored_blocks, (unsigned long long)s->removes, (unsigned long long)s->removed_blocks);
@@ -465,7 +485,7 @@ static int run_one(const struct kvi_trace_workload *w, const struct trace_opts *
         .ring_capacity = o->ring_capacity,
         .max_overrun = o->max_overrun,
         .jump = o->jump,
-        .key_seed = o->wl.seed,
+        .key_seed = w->cfg.seed,
         .progress = progress_draw,
         .pctx = pg,
     };
@@ -709,6 +729,45 @@ static int pick_backends(const char *list, struct series *s, size_t *n)
     return *n ? 0 : -EINVAL;
 }
 
+/* The workload: imported (--import), or simulated from the trace. @p base
+ * names it (for an import: the file's name and SHA-256; @p x stays empty).
+ * @return 0, 1 when the input cannot be read, 2 for an invalid configuration. */
+static int prepare_workload(const struct trace_opts *o, struct kvi_trace *base, struct kvi_trace *x,
+                            struct kvi_trace_workload *w)
+{
+    kvi_trace_init(base);
+    kvi_trace_init(x);
+    if (o->import_path[0]) {
+        char err[512];
+        if (kvi_trace_import(w, o->import_path, base->sha256, err, sizeof err) < 0) {
+            fprintf(stderr, "trace: --import: %s\n", err);
+            return 1;
+        }
+        const char *slash = strrchr(o->import_path, '/');
+        snprintf(base->name, sizeof base->name, "%.63s", slash ? slash + 1 : o->import_path);
+        snprintf(base->path, sizeof base->path, "%s", o->import_path);
+        printf("kvidx trace: imported timeline %s (sha256 %s)\n", base->path, base->sha256);
+        return 0;
+    }
+    if (load_trace(o, base) < 0) {
+        kvi_trace_free(base);
+        return 1;
+    }
+    kvi_trace_expand(base, o->length_factor, o->trace_dup, x);
+    print_trace(base, x, o);
+    struct progress pg = {.on = o->progress};
+    progress_start(&pg, "simulating engines");
+    int rc = kvi_trace_workload_build(w, x, &o->wl, progress_draw, &pg);
+    progress_clear(&pg);
+    if (rc < 0) {
+        fprintf(stderr, "trace: invalid workload configuration\n");
+        kvi_trace_free(x);
+        kvi_trace_free(base);
+        return 2;
+    }
+    return 0;
+}
+
 /* --serial: every backend once, then one JSON line for kvidx. */
 static int run_serial(const struct kvi_trace *t, const struct kvi_trace_workload *w, const struct trace_opts *o,
                       const struct series *s, size_t ns)
@@ -721,7 +780,7 @@ static int run_serial(const struct kvi_trace *t, const struct kvi_trace_workload
     bool have_kv = false;
     for (size_t i = 0; i < ns; i++) {
         struct kvi_trace_serial_result r;
-        int rc = kvi_trace_serial(w, s[i].be, o->jump, o->wl.seed, &r);
+        int rc = kvi_trace_serial(w, s[i].be, o->jump, w->cfg.seed, &r);
         if (rc < 0) {
             fprintf(stderr, "trace: --serial: %s\n", strerror(-rc));
             return rc;
@@ -762,6 +821,11 @@ int kvi_bench_trace(int argc, char **argv)
         return 2;
     }
     bool e2e = o.e2e_url[0] || o.e2e_spawn[0];
+    if (e2e && o.import_path[0]) {
+        fprintf(stderr, "trace: --import replays in process only (--e2e needs the trace's tokens)\n");
+        free(s);
+        return 2;
+    }
     if (e2e && o.serial) {
         fprintf(stderr, "trace: --serial runs in process only\n");
         free(s);
@@ -787,28 +851,30 @@ int kvi_bench_trace(int argc, char **argv)
         }
     }
     struct kvi_trace base, x;
-    if (load_trace(&o, &base) < 0) {
+    struct kvi_trace_workload w;
+    int rc = prepare_workload(&o, &base, &x, &w);
+    if (rc != 0) {
         kvi_e2e_close(o.e2e);
         free(s);
-        return 1;
+        return rc;
     }
-    kvi_trace_init(&x);
-    kvi_trace_expand(&base, o.length_factor, o.trace_dup, &x);
-    print_trace(&base, &x, &o);
-    struct progress pg = {.on = o.progress};
-    progress_start(&pg, "simulating engines");
-    struct kvi_trace_workload w;
-    int rc = kvi_trace_workload_build(&w, &x, &o.wl, progress_draw, &pg);
-    progress_clear(&pg);
-    if (rc < 0) {
-        fprintf(stderr, "trace: invalid workload configuration\n");
+    if (o.export_path[0]) {
+        char source[512];
+        snprintf(source, sizeof source, "%s%s%s", base.name, base.sha256[0] ? " sha256 " : "", base.sha256);
+        rc = kvi_trace_export(&w, source, o.export_path);
+        if (rc < 0)
+            fprintf(stderr, "trace: --export %s: %s\n", o.export_path, strerror(-rc));
+        else
+            printf("wrote the timeline (%zu entries, format %s version %u) to %s\n", w.n, KVI_TIMELINE_FORMAT,
+                   KVI_TIMELINE_VERSION, o.export_path);
+        kvi_trace_workload_free(&w);
         kvi_trace_free(&x);
         kvi_trace_free(&base);
-        kvi_e2e_close(o.e2e);
         free(s);
-        return 2;
+        return rc < 0 ? 1 : 0;
     }
     print_workload(&w);
+    struct progress pg = {.on = o.progress};
     if (o.serial) {
         rc = run_serial(&base, &w, &o, s, ns);
         kvi_trace_workload_free(&w);

@@ -15,6 +15,8 @@
  *                     (kvi_trace_block_tokens), so a ZMQ publisher or an HTTP/2
  *                     client can replay the same timeline later.
  *   trace_replay.c    replays a workload against one backend (trace_replay.h).
+ *   trace_io.c        the timeline to and from a file (--export / --import,
+ *                     trace_io.h; format: bench/README.md#timeline-format).
  *   trace.c           the subcommand: options, sweep, tables, JSON, plots.
  *
  * A "hash id" (Mooncake) covers KVI_TRACE_ID_TOKENS = 512 tokens and names a
@@ -197,6 +199,13 @@ typedef void (*kvi_trace_progress_fn)(void *ctx, uint64_t done, uint64_t total);
  */
 int kvi_trace_workload_build(struct kvi_trace_workload *w, const struct kvi_trace *t,
                              const struct kvi_trace_workload_cfg *cfg, kvi_trace_progress_fn progress, void *pctx);
+
+/**
+ * Storage for @p n hashes that lives as long as @p w (freed by
+ * kvi_trace_workload_free); for the builders of a workload (trace_workload.c,
+ * trace_io.c). Aborts when out of memory.
+ */
+uint64_t *kvi_trace__alloc_hashes(struct kvi_trace_workload *w, size_t n);
 
 /** Free a workload. */
 void kvi_trace_workload_free(struct kvi_trace_workload *w);

@@ -57,7 +57,7 @@ void kvi_trace_workload_defaults(struct kvi_trace_workload_cfg *c)
     };
 }
 
-static uint64_t *chunk_alloc(struct kvi_trace_workload *w, size_t n)
+uint64_t *kvi_trace__alloc_hashes(struct kvi_trace_workload *w, size_t n)
 {
     struct kvi_trace_chunk *c = w->chunks;
     if (c == NULL || c->cap - c->used < n) {
@@ -146,7 +146,7 @@ static void request_content(struct kvi_trace_workload *w, struct id_cache *ic, u
     uint64_t in = eff_input(q);
     uint32_t n_prompt = (uint32_t)(in / bs);
     uint32_t n_full = (uint32_t)((in + q->output_len) / bs);
-    uint64_t *c = chunk_alloc(w, n_full ? n_full : 1);
+    uint64_t *c = kvi_trace__alloc_hashes(w, n_full ? n_full : 1);
     for (uint32_t j = 0; j < n_prompt; j++) {
         uint64_t id = t->ids[q->ids_off + (uint64_t)j / ic->per_id];
         c[j] = id_hashes(ic, id)[j % ic->per_id];
@@ -196,7 +196,7 @@ static void on_event(void *ctx, const struct kvi_mock_event *ev)
     e->t_ns = ms_to_ns(ev->t_ms);
     e->worker = s->worker;
     e->n = ev->n;
-    uint64_t *eh = chunk_alloc(s->w, ev->n);
+    uint64_t *eh = kvi_trace__alloc_hashes(s->w, ev->n);
     memcpy(eh, ev->engine_hash, ev->n * sizeof *eh);
     e->engine_hash = eh;
     if (ev->kind == KVI_MOCK_STORED) {

@@ -63,6 +63,21 @@ static inline uint64_t key_step(const struct kvi_index *ix, uint64_t prev, uint6
     return prev + key_term(content, ix->kxor, (uint64_t)(pos + 1) * PHI, ix->kmul);
 }
 
+/*
+ * keys[from..to) of the prefix-key chain of content[] (engine/index_keys.c):
+ * K[i] = K[i-1] + key_term(content[i], kxor, w_i, kmul), resuming from
+ * *kp = K[from-1] (kseed at from = 0) and *wp = w_{from-1} (0 at from = 0),
+ * both advanced past `to` on return. kvi_ix__keys_run uses AVX-512 where the
+ * CPU has it (kvi_ix__keys_simd), the same keys bit for bit as
+ * kvi_ix__keys_run_scalar. Pure: any thread.
+ */
+void kvi_ix__keys_run(const struct kvi_index *ix, const uint64_t *content, size_t from, size_t to, uint64_t *keys,
+                      uint64_t *kp, uint64_t *wp);
+void kvi_ix__keys_run_scalar(const struct kvi_index *ix, const uint64_t *content, size_t from, size_t to,
+                             uint64_t *keys, uint64_t *kp, uint64_t *wp);
+/* Whether kvi_ix__keys_run takes the AVX-512 path on this CPU. */
+bool kvi_ix__keys_simd(void);
+
 /* ---- memory accounting and retirement (engine/index.c) ---------------------- */
 
 static inline void part_account(struct kvi_part *p, int64_t bytes)

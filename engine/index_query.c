@@ -14,24 +14,13 @@
 
 /* ---- prefix keys ------------------------------------------------------------ */
 
-/* key_step with the secrets in registers (stores to keys[] could alias
- * ix's fields, so the compiler reloaded both every block) and the position
- * term (i + 1) * phi kept as a running sum instead of a multiply. (A store
- * chains key_step itself, block by block: see run_key.)
- * test_prefix_keys_match_definition pins it to the definition.
- * measured (kvidx-bench micro, 1,024 keys, interleaved runs, with the
- * folded-product step of the fourth session): 1,000-1,002 ns -> 870-962 ns.
- * With the fmix64 step (a bijection: engine/index_impl.h, key_term) 1,255-
- * 1,278 ns. */
+/* The whole chain at once (engine/index_keys.c; queries compute theirs
+ * lazily, keys_upto). test_prefix_keys_match_definition pins it to the
+ * definition. */
 void kvi_index_prefix_keys(const struct kvi_index *ix, const uint64_t *content, size_t n, uint64_t *keys)
 {
-    const uint64_t sx = ix->kxor, sm = ix->kmul;
     uint64_t k = ix->kseed, w = 0;
-    for (size_t i = 0; i < n; i++) {
-        w += PHI;
-        k += key_term(content[i], sx, w, sm);
-        keys[i] = k;
-    }
+    kvi_ix__keys_run(ix, content, 0, n, keys, &k, &w);
 }
 
 /* ---- queries ---------------------------------------------------------------- */
@@ -48,6 +37,13 @@ struct pview {
 struct qscratch {
     uint64_t *keys;
     size_t cap_keys;
+    /* A content query's prefix keys are computed lazily, a chunk at a time
+     * as the search reaches them (keys_upto): keys[0..kready) are valid, and
+     * (kk, kw) resume the chain after them. kready == kn once all are (and
+     * for every other kind of query from its start). */
+    const uint64_t *kcontent;
+    size_t kready, kn;
+    uint64_t kk, kw;
     struct pview *pv; /* by partition, allocated on the first seq walk */
     uint32_t n_pv;
     uint32_t pv_gen;
@@ -223,6 +219,34 @@ static void qs_begin(struct qscratch *q)
     }
 }
 
+/* Prefix keys computed per lazy step: a query that misses early computes at
+ * most this many keys past the last position it probed. */
+#define QKEY_CHUNK 64u
+
+/*
+ * Make the current query's keys[0..t] valid (t < kn): compute them up to
+ * the end of t's chunk of QKEY_CHUNK positions. A query that diverges stops
+ * computing at the first chunk past its divergence, where the search stops
+ * probing; a full hit computes every key, as before, a chunk at a time.
+ * measured (kvidx-bench micro, 3 interleaved runs each against the
+ * computation of all keys up front): see bench/README.md#micro.
+ */
+static void keys_upto(const struct kvi_index *ix, struct qscratch *q, size_t t)
+{
+    size_t to = (t / QKEY_CHUNK + 1) * QKEY_CHUNK;
+    if (to > q->kn)
+        to = q->kn;
+    kvi_ix__keys_run(ix, q->kcontent, q->kready, to, q->keys, &q->kk, &q->kw);
+    q->kready = to;
+}
+
+/* All of the current query's keys (the paths that read keys[] directly). */
+static void keys_all(const struct kvi_index *ix, struct qscratch *q)
+{
+    if (q->kready < q->kn)
+        keys_upto(ix, q, q->kn - 1);
+}
+
 struct finder {
     const struct kvi_index *ix;
     const struct kvi_part *p;
@@ -285,6 +309,8 @@ static inline const struct kvi_entry *probe(const struct finder *f, uint32_t t, 
 static inline const struct kvi_entry *probe(const struct finder *f, uint32_t t, uint32_t *cnt)
 {
     KVI_PROBE_HOOK(f->ix, t);
+    if (KVI_UNLIKELY(t >= f->q->kready))
+        keys_upto(f->ix, f->q, t);
     const struct kvi_entry *e = entry_at(f->ix, f->p, f->kind, f->keys[t], t);
     *cnt = e ? gpu_count(f->ix, e) : 0;
     return e;
@@ -515,13 +541,18 @@ static struct qkeys query_keys(const struct kvi_index *ix, struct qscratch *q, c
 {
     qs_begin(q);
     struct qkeys qk = {TAB_SEQ, seq, n};
+    q->kready = q->kn = n;
     if (content == NULL)
         return qk;
     uint64_t *k = qs_keys(q, n);
     if (atomic_load_explicit(&((struct kvi_index *)ix)->has_seq_only, memory_order_acquire)) {
         kvi_seq_hashes(content, n, k);
     } else {
-        kvi_index_prefix_keys(ix, content, n, k);
+        /* computed as the search reaches them (keys_upto) */
+        q->kcontent = content;
+        q->kready = 0;
+        q->kk = ix->kseed;
+        q->kw = 0;
         qk.kind = TAB_KEY;
     }
     qk.keys = k;
@@ -619,6 +650,7 @@ size_t kvi_index_find_tiered(const struct kvi_index *ix, const uint64_t *content
         return count;
     }
     /* lower tiers: walk every non-shared (instance, dp_rank) that has slots */
+    keys_all(ix, q); /* slot_holds reads keys[] directly */
     const struct kvi_slot *shared[64];
     size_t n_shared = collect_shared(ix, shared, KVI_ARRAY_LEN(shared));
     uint32_t ni = atomic_load_explicit(&((struct kvi_index *)ix)->n_instances, memory_order_acquire);
@@ -683,6 +715,7 @@ void kvi_index_pool_depths(const struct kvi_index *ix, const uint64_t *content, 
         return;
     struct qscratch *q = qs_get();
     struct qkeys qk = query_keys(ix, q, content, seq, n);
+    keys_all(ix, q); /* slot_holds reads keys[] directly */
     const struct kvi_slot *shared[64];
     size_t n_shared = collect_shared(ix, shared, KVI_ARRAY_LEN(shared));
     uint32_t t = 0;
