@@ -59,6 +59,8 @@
 
 #include "net/body.h"
 
+struct kvi_nats_bridge;
+
 /* ---- routes, content types, dialects ---------------------------------------- */
 
 enum kvi_route {
@@ -448,6 +450,8 @@ struct kvi_status_view {
     bool has_nats;                 /* --nats: the "nats" object is written */
     bool nats_connected;
     uint64_t nats_pending;         /* stream messages still to deliver before caught up */
+    struct kvi_nats_bridge *bridge; /* --nats-publish: the "nats_bridge" object is written from the
+                                       bridge's counters and namespaces (NULL: omitted) */
 };
 
 /** GET /status (§1.12). @return 0 or -ENOMEM. */

@@ -13,7 +13,7 @@
 #include "engine/common.h"
 
 enum {
-    F_NATS, F_USER, F_PASSWORD, F_TOKEN, F_CREDS, F_TLS_CA, F_SOURCE, F_STREAM, F_DURABLE, F_FETCH, F_REGISTRY,
+    F_NATS, F_USER, F_PASSWORD, F_TOKEN, F_CREDS, F_TLS_CA, F_SOURCE, F_STREAM, F_DURABLE, F_FETCH, F_REGISTRY, F_PUBLISH,
 };
 
 static const struct {
@@ -23,6 +23,7 @@ static const struct {
     [F_TOKEN] = {"--nats-token"},    [F_CREDS] = {"--nats-creds"},     [F_TLS_CA] = {"--nats-tls-ca"},
     [F_SOURCE] = {"--nats-source"},  [F_STREAM] = {"--nats-stream"},   [F_DURABLE] = {"--nats-durable"},
     [F_FETCH] = {"--nats-fetch-batch"}, [F_REGISTRY] = {"--nats-registry"},
+    [F_PUBLISH] = {"--nats-publish"},
 };
 
 /* Which flag arg is (value after '=' in *v), or -1. */
@@ -123,6 +124,7 @@ static int apply(struct kvi_nats_args *a, int f, const char *v)
     case F_TLS_CA: c->tls_ca = v; return 0;
     case F_DURABLE: c->durable = v; return 0;
     case F_REGISTRY: a->registry = v; return 0;
+    case F_PUBLISH: a->publish = v; return 0;
     case F_FETCH: {
         char *end;
         errno = 0;
@@ -187,6 +189,16 @@ int kvi_nats_args(int *argc, char **argv, struct kvi_nats_args *out)
             fprintf(stderr, "kvidxd: --nats-registry '%s': a bucket name is [A-Za-z0-9_-]+\n", out->registry);
             return -EINVAL;
         }
+    for (const char *p = out->publish; p != NULL && *p; p++)
+        if (*p == '.' || *p == '*' || *p == '>' || *p == '/' || *p == '\\' || (unsigned char)*p <= ' ') {
+            fprintf(stderr, "kvidxd: --nats-publish '%s': a stream name has no '.', '*', '>', '/', '\\' or "
+                            "white space\n", out->publish);
+            return -EINVAL;
+        }
+    if (out->publish != NULL && (*out->publish == '\0' || strlen(out->publish) > 200)) {
+        fprintf(stderr, "kvidxd: --nats-publish needs a stream name (1..200 bytes)\n");
+        return -EINVAL;
+    }
     if (out->registry != NULL && *out->registry == '\0') {
         fprintf(stderr, "kvidxd: --nats-registry needs a bucket name\n");
         return -EINVAL;
@@ -229,6 +241,9 @@ void kvi_nats_args_usage(FILE *f)
             "  --nats-fetch-batch N   JetStream messages per fetch (default 256)\n"
             "  --nats-registry BUCKET share registrations with every replica through a JetStream\n"
             "                         Key-Value bucket (created if missing)\n"
+            "  --nats-publish STREAM  publish every ZMQ registration's events to that JetStream stream\n"
+            "                         as Dynamo RouterEvent JSON (created if missing; query-only\n"
+            "                         replicas read it with --nats-stream)\n"
             "  --nats-user U --nats-password P, --nats-token T, --nats-creds FILE,\n"
             "  --nats-tls-ca FILE     authentication and TLS, as libnats offers them\n");
 }

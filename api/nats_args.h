@@ -32,6 +32,7 @@ struct kvi_nats_args {
     size_t n_sources;
     char *durable_default;       /* owned: the default durable name ("kvidx-<host>") */
     const char *registry;        /* --nats-registry BUCKET: shared registrations (NULL: none) */
+    const char *publish;         /* --nats-publish STREAM: bridge ZMQ events into it (NULL: none) */
 };
 
 /**
