@@ -30,34 +30,10 @@
 #include <unistd.h>
 
 #include "api/kvidxd_fixture.h"
+#include "api/kvidxd_model.h"
 #include "net/nats_server_fixture.h"
 
-#define MAX_HELD 64
 #define CHAIN_LEN 6
-
-/* ---- the model: which blocks of which chain each (worker, rank) holds (always a prefix) ---- */
-
-struct held {
-    uint64_t w;
-    uint32_t r;
-    uint32_t c;
-    uint32_t n; /* blocks 0..n-1 of chain c */
-};
-
-struct model {
-    struct held h[MAX_HELD];
-    size_t n;
-};
-
-static struct held *held_of(struct model *m, uint64_t w, uint32_t r, uint32_t c)
-{
-    for (size_t i = 0; i < m->n; i++)
-        if (m->h[i].w == w && m->h[i].r == r && m->h[i].c == c)
-            return &m->h[i];
-    assert_true(m->n < MAX_HELD);
-    m->h[m->n] = (struct held){w, r, c, 0};
-    return &m->h[m->n++];
-}
 
 /* ---- publishers ------------------------------------------------------------------------------ */
 
@@ -201,72 +177,6 @@ static void check_query(const struct kfx_daemon *d, const struct model *m, const
     msgpack_unpacked_destroy(&u);
     kfx_resp_free(&r);
     msgpack_sbuffer_destroy(&sb);
-}
-
-struct dump_row {
-    uint64_t w, h, t;
-    uint32_t r;
-};
-
-static int row_cmp(const void *a, const void *b)
-{
-    const struct dump_row *x = a, *y = b;
-    if (x->w != y->w)
-        return x->w < y->w ? -1 : 1;
-    if (x->r != y->r)
-        return x->r < y->r ? -1 : 1;
-    return x->h < y->h ? -1 : x->h > y->h;
-}
-
-/* Scan /dump's JSON: each event's worker_id and dp_rank, then its blocks' block_hash and tokens_hash. */
-static size_t dump_rows(const char *body, const char *ns_key, struct dump_row *out, size_t cap)
-{
-    const char *p = strstr(body, ns_key);
-    assert_non_null(p);
-    const char *end = strstr(p + 1, "\"block_size\""); /* the next namespace, if any */
-    const char *next_ns = end != NULL ? strstr(end + 1, "\"block_size\"") : NULL;
-    size_t n = 0;
-    uint64_t w = 0;
-    uint32_t r = 0;
-    while ((p = strchr(p + 1, '"')) != NULL && (next_ns == NULL || p < next_ns)) {
-        if (strncmp(p, "\"worker_id\":", 12) == 0)
-            w = strtoull(p + 12, NULL, 10);
-        else if (strncmp(p, "\"dp_rank\":", 10) == 0)
-            r = (uint32_t)strtoul(p + 10, NULL, 10);
-        else if (strncmp(p, "\"block_hash\":", 13) == 0) {
-            assert_true(n < cap);
-            out[n].w = w;
-            out[n].r = r;
-            out[n].h = strtoull(p + 13, NULL, 10);
-            const char *t = strstr(p, "\"tokens_hash\":");
-            assert_non_null(t);
-            out[n].t = strtoull(t + 14, NULL, 10);
-            n++;
-        }
-    }
-    return n;
-}
-
-/* /dump of the namespace equals the model: the same (worker, rank, block, content) rows. */
-static void check_dump(const struct kfx_daemon *d, const struct model *m, const char *ns_key)
-{
-    struct kfx_resp r;
-    assert_int_equal(kfx_get(d, "/dump", &r), 200);
-    struct dump_row got[512], want[512];
-    size_t ng = dump_rows(r.body, ns_key, got, 512), nw = 0;
-    for (size_t i = 0; i < m->n; i++)
-        for (uint32_t b = 0; b < m->h[i].n; b++) {
-            assert_true(nw < 512);
-            want[nw++] = (struct dump_row){m->h[i].w, kfx_hash(m->h[i].c, b), kfx_content(m->h[i].c, b), m->h[i].r};
-        }
-    qsort(got, ng, sizeof *got, row_cmp);
-    qsort(want, nw, sizeof *want, row_cmp);
-    bool same = ng == nw;
-    for (size_t i = 0; i < ng && same; i++)
-        same = got[i].w == want[i].w && got[i].r == want[i].r && got[i].h == want[i].h && got[i].t == want[i].t;
-    if (!same)
-        fail_msg("/dump has %zu blocks, model %zu (or they differ); dump: %.2000s", ng, nw, r.body);
-    kfx_resp_free(&r);
 }
 
 /* How many (worker, rank) score block 0 of chain c (-1 on an error). */
