@@ -47,7 +47,8 @@
  *   (at most KVI_BRIDGE_MAX_PENDING unacknowledged); libnats' reply thread
  *   runs the ack handler, which counts acks, duplicates and errors; a
  *   message whose publish failed goes back to the FIFO's head and is sent
- *   again. NATS down: the FIFO grows up to max_bytes (queued + retried
+ *   again (at most 10 rounds of failures a second); one larger than the
+ *   server's max_payload is dropped and counted. NATS down: the FIFO grows up to max_bytes (queued + retried
  *   bytes); past it new events are dropped, counted (dropped) and logged
  *   (one line per 10 s). Acks missing for 10 s while connected: the pending
  *   messages are taken back from libnats and resent (resent; duplicates are
@@ -107,7 +108,8 @@ struct kvi_nats_bridge_ns_view {
     const char *subject; /* STREAM.<hex model>.<hex tenant>.> */
 };
 
-/** Destroy: publishes what the FIFO holds for up to 2 s, then frees. Control plane. */
+/** Destroy: publishes what the FIFO holds for up to 0.4 s (and waits 0.3 s for acks), then frees:
+ * what is left is lost, as on a crash (RESUME). Control plane. */
 void kvi_nats_bridge_destroy(struct kvi_nats_bridge *b);
 
 /**
