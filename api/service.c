@@ -21,6 +21,7 @@
  *   api/dump_pool.h.
  */
 #include "api/service_internal.h"
+#include "net/nats_bridge.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -400,7 +401,13 @@ void kvi_service_status(struct kvi_service *svc, struct kvi_status_view *out)
         if (!caught_up && strcmp(reason, "ready") == 0)
             reason = "nats_catching_up";
     }
-    out->bridge = atomic_load_explicit(&svc->bridge, memory_order_acquire); /* N1 */
+    struct kvi_nats_bridge *br = atomic_load_explicit(&svc->bridge, memory_order_acquire); /* N1 */
+    out->has_bridge = br != NULL;
+    if (br != NULL) {
+        out->bridge_stream = kvi_nats_bridge_stream(br);
+        kvi_nats_bridge_stats(br, &out->bridge);
+        out->n_bridge_ns = kvi_nats_bridge_ns_list(br, out->bridge_ns, KVI_STATUS_BRIDGE_NS);
+    }
     out->reason = reason;
     out->ready = strcmp(reason, "ready") == 0;
 }

@@ -57,7 +57,7 @@ struct bnode {
 
 struct bns {
     char *model, *tenant;
-    char subject[BR_SUBJ_MAX]; /* STREAM.<hex model>.<hex tenant>.> */
+    char *subject; /* STREAM.<hex model>.<hex tenant>.> (heap: views keep pointing at it) */
 };
 
 struct kvi_bridge_worker {
@@ -529,6 +529,7 @@ void kvi_nats_bridge_destroy(struct kvi_nats_bridge *b)
     for (size_t i = 0; i < b->n_ns; i++) {
         free(b->ns[i].model);
         free(b->ns[i].tenant);
+        free(b->ns[i].subject);
     }
     free(b->ns);
     pthread_mutex_destroy(&b->wmu);
@@ -557,6 +558,7 @@ static size_t ns_get(struct kvi_nats_bridge *b, const char *model, const char *t
     struct bns *s = &b->ns[b->n_ns];
     s->model = br_strdup(model);
     s->tenant = br_strdup(tenant);
+    s->subject = kvi_xmalloc(BR_SUBJ_MAX);
     char *w = s->subject + sprintf(s->subject, "%s.", b->stream);
     w = hex_token(w, model);
     *w++ = '.';
@@ -771,13 +773,12 @@ const char *kvi_nats_bridge_stream(const struct kvi_nats_bridge *b)
     return b->stream;
 }
 
-void kvi_nats_bridge_foreach_ns(struct kvi_nats_bridge *b,
-                                void (*fn)(void *ctx, const struct kvi_nats_bridge_ns_view *v), void *ctx)
+size_t kvi_nats_bridge_ns_list(struct kvi_nats_bridge *b, struct kvi_nats_bridge_ns_view *out, size_t cap)
 {
     pthread_mutex_lock(&b->wmu);
-    for (size_t i = 0; i < b->n_ns; i++) {
-        struct kvi_nats_bridge_ns_view v = {b->ns[i].model, b->ns[i].tenant, b->ns[i].subject};
-        fn(ctx, &v);
-    }
+    size_t n = b->n_ns;
+    for (size_t i = 0; i < n && i < cap; i++)
+        out[i] = (struct kvi_nats_bridge_ns_view){b->ns[i].model, b->ns[i].tenant, b->ns[i].subject};
     pthread_mutex_unlock(&b->wmu);
+    return n;
 }

@@ -61,7 +61,7 @@
  *   | worker                        | any (serialised inside)                |
  *   | resume                        | control plane, before the registration |
  *   | kvi_nats_bridge_mirror        | the registration's listener thread     |
- *   | stats / foreach_ns            | any                                    |
+ *   | stats / ns_list               | any                                    |
  *
  * ERRORS
  *   int functions return 0 or a negative errno; create returns NULL with
@@ -150,9 +150,12 @@ void kvi_nats_bridge_stats(struct kvi_nats_bridge *b, struct kvi_nats_bridge_sta
 /** The stream name. */
 const char *kvi_nats_bridge_stream(const struct kvi_nats_bridge *b);
 
-/** Call @p fn for each namespace published so far (under the bridge's lock: do not call back). */
-void kvi_nats_bridge_foreach_ns(struct kvi_nats_bridge *b,
-                                void (*fn)(void *ctx, const struct kvi_nats_bridge_ns_view *v), void *ctx);
+/**
+ * The namespaces published so far, oldest first, into @p out (at most
+ * @p cap); their strings stay valid until destroy. Any thread.
+ * @return how many there are (may exceed @p cap).
+ */
+size_t kvi_nats_bridge_ns_list(struct kvi_nats_bridge *b, struct kvi_nats_bridge_ns_view *out, size_t cap);
 
 /** worker_id of a string instance id: XXH3-64(name, 0) | 2^63. */
 uint64_t kvi_nats_bridge_worker_id(const char *instance_name);
