@@ -166,15 +166,15 @@ struct kvi_ingest_scratch; /* private, per target */
 
 /**
  * Where a mirrored op sits in its owner's stream (MIRROR below). The owner
- * sets seq and prev (and idx for a reset) before each call; ingest sets
- * idx for the ops of a batch and `reset`.
+ * sets seq and tag (and idx for a reset) before each call; ingest sets idx
+ * for the ops of a batch and `reset`.
  */
 struct kvi_ingest_mirror_pos {
     uint64_t seq;  /* the batch's seq; a reset: the seq being handled when it happened */
-    uint64_t prev; /* a reset: the last live seq seen before that one (0: none) */
     uint32_t idx;  /* a batch: the op's index among the batch's mirrored ops (0-based);
                       a reset: the owner's count of resets at this seq */
     bool reset;    /* the op is a rank reset (kvi_ingest_reset_rank), not a batch's */
+    uint64_t tag;  /* a batch: a hash of its payload bytes (tells an engine's incarnations apart) */
 };
 
 /**
@@ -219,7 +219,7 @@ struct kvi_ingest_target {
     uint64_t applied1_end;
     kvi_ingest_mirror_fn mirror;      /* MIRROR hook, or NULL */
     void *mirror_ctx;
-    struct kvi_ingest_mirror_pos mirror_pos; /* owner: seq, prev (and idx before a reset) */
+    struct kvi_ingest_mirror_pos mirror_pos; /* owner: seq, tag (and idx before a reset) */
     struct kvi_ingest_scratch *_s;    /* private: set by init */
 };
 

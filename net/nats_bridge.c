@@ -70,7 +70,10 @@ struct kvi_bridge_worker {
     /* RESUME: the registration's listener thread after the hand-over */
     bool resume_armed;
     uint64_t resume_seq;
-    uint32_t resume_idx;
+    uint32_t resume_idx1; /* index + 1 of the last event of resume_seq in the stream (0: none) */
+    /* rank resets not published yet (RESETS in the header): listener thread */
+    uint32_t *resets;
+    uint32_t n_resets, cap_resets;
 };
 
 struct kvi_nats_bridge {
@@ -523,6 +526,7 @@ void kvi_nats_bridge_destroy(struct kvi_nats_bridge *b)
         free(b->workers[i]->model);
         free(b->workers[i]->tenant);
         free(b->workers[i]->name);
+        free(b->workers[i]->resets);
         free(b->workers[i]);
     }
     free(b->workers);
@@ -635,19 +639,22 @@ int kvi_nats_bridge_resume(struct kvi_nats_bridge *b, struct kvi_bridge_worker *
     uint64_t wid = 0, seq = 0;
     uint32_t rank = 0, idx = 0;
     int rc = 0;
-    if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) == NATS_OK && id != NULL &&
-        sscanf(id, "kvb.%" SCNu64 ".%" SCNu32 ".%" SCNu64 ".%" SCNu32, &wid, &rank, &seq, &idx) == 4 &&
-        wid == w->worker_id && rank == w->rank) {
+    int got = 0;
+    if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) == NATS_OK && id != NULL)
+        got = sscanf(id, "kvb.%" SCNu64 ".%" SCNu32 ".%" SCNu64 ".%" SCNu32, &wid, &rank, &seq, &idx);
+    /* an event (4 numbers), or a "cleared" (".c<k>" after the seq: nothing of that seq's batch yet) */
+    bool cleared = got == 3 && strstr(id, ".c") != NULL;
+    if ((got == 4 || cleared) && wid == w->worker_id && rank == w->rank) {
         w->resume_armed = true;
         w->resume_seq = seq;
-        w->resume_idx = idx;
+        w->resume_idx1 = cleared ? 0 : idx + 1;
         if (seq > 0) {
             *has_seed = true;
             *seed_watermark = seq - 1;
         }
         kvi_log_info("nats bridge %s: %s resumes after seq %" PRIu64 " event %" PRIu32
                      " (the engine's replay ring brings the rest)",
-                     b->stream, w->subject, seq, idx);
+                     b->stream, w->subject, seq, w->resume_idx1);
         rc = 1;
     }
     natsMsg_Destroy(m);
@@ -704,28 +711,14 @@ static struct bnode *encode(struct kvi_bridge_worker *w, const struct kvi_op *op
     }
 }
 
-void kvi_nats_bridge_mirror(void *ctx, const struct kvi_op *op, const struct kvi_ingest_mirror_pos *pos)
+/* Encode one event and queue it (or count it dropped / skipped). */
+static void publish_one(struct kvi_bridge_worker *w, const struct kvi_op *op, uint64_t event_id, const char *id)
 {
-    struct kvi_bridge_worker *w = ctx;
     struct kvi_nats_bridge *b = w->b;
-    if (w->resume_armed) {
-        if (pos->reset) {
-            w->resume_armed = false; /* the stream starts over: nothing of it is in the stream yet */
-        } else if (pos->seq < w->resume_seq || (pos->seq == w->resume_seq && pos->idx <= w->resume_idx)) {
-            RELAXED_ADD(b->resumed_skipped, 1);
-            return;
-        } else {
-            w->resume_armed = false;
-        }
-    }
-    if (!pos->reset && pos->idx >= BR_IDX_MAX) {
-        RELAXED_ADD(b->skipped, 1);
-        return;
-    }
     struct kvp_re_head h = {
         .worker_id = w->worker_id,
         .tier = op_tier(op),
-        .event_id = ((pos->seq + 1) << 20) | (pos->reset ? 0u : pos->idx + 1),
+        .event_id = event_id,
         .dp_rank = op->dp_rank,
     };
     struct bnode *n = encode(w, op, &h);
@@ -733,18 +726,67 @@ void kvi_nats_bridge_mirror(void *ctx, const struct kvi_op *op, const struct kvi
         RELAXED_ADD(b->skipped, 1);
         return;
     }
-    if (pos->reset)
-        snprintf(n->id, sizeof n->id, "kvb.%" PRIu64 ".%" PRIu32 ".%" PRIu64 ".c%" PRIu32 ".%" PRIu64, w->worker_id,
-                 w->rank, pos->seq, pos->idx, pos->prev);
-    else
-        snprintf(n->id, sizeof n->id, "kvb.%" PRIu64 ".%" PRIu32 ".%" PRIu64 ".%" PRIu32, w->worker_id, w->rank,
-                 pos->seq, pos->idx);
+    snprintf(n->id, sizeof n->id, "%s", id);
     if (!fifo_put(b, n, false, false)) {
         free(n);
         RELAXED_ADD(b->dropped, 1);
         return;
     }
     RELAXED_ADD(b->events, 1);
+}
+
+/* RESETS: the pending "cleared" of each reset rank, named by the batch that follows them. */
+static void publish_resets(struct kvi_bridge_worker *w, const struct kvi_ingest_mirror_pos *pos)
+{
+    struct kvi_op *op = kvi_op_alloc(0, false);
+    op->type = KVI_OP_CLEAR_DP_RANK;
+    op->tier = KVI_TIER_GPU;
+    for (uint32_t k = 0; k < w->n_resets; k++) {
+        op->dp_rank = w->resets[k];
+        char id[BR_ID_MAX];
+        snprintf(id, sizeof id, "kvb.%" PRIu64 ".%" PRIu32 ".%" PRIu64 ".c%" PRIu32 ".%016" PRIx64, w->worker_id,
+                 w->rank, pos->seq, k, pos->tag);
+        publish_one(w, op, (pos->seq + 1) << 20, id);
+    }
+    kvi_op_free(op);
+    w->n_resets = 0;
+}
+
+void kvi_nats_bridge_mirror(void *ctx, const struct kvi_op *op, const struct kvi_ingest_mirror_pos *pos)
+{
+    struct kvi_bridge_worker *w = ctx;
+    struct kvi_nats_bridge *b = w->b;
+    if (pos->reset) {
+        w->resume_armed = false; /* the stream starts over: nothing of it is in the stream yet */
+        for (uint32_t k = 0; k < w->n_resets; k++)
+            if (w->resets[k] == op->dp_rank)
+                return;
+        if (w->n_resets == w->cap_resets) {
+            w->cap_resets = w->cap_resets ? 2 * w->cap_resets : 4;
+            uint32_t *nr = realloc(w->resets, w->cap_resets * sizeof *nr);
+            KVI_ASSERT(nr != NULL);
+            w->resets = nr;
+        }
+        w->resets[w->n_resets++] = op->dp_rank;
+        return;
+    }
+    if (w->resume_armed) {
+        if (pos->seq < w->resume_seq || (pos->seq == w->resume_seq && pos->idx < w->resume_idx1)) {
+            RELAXED_ADD(b->resumed_skipped, 1);
+            return;
+        }
+        w->resume_armed = false;
+    }
+    if (w->n_resets > 0)
+        publish_resets(w, pos);
+    if (pos->idx >= BR_IDX_MAX) {
+        RELAXED_ADD(b->skipped, 1);
+        return;
+    }
+    char id[BR_ID_MAX];
+    snprintf(id, sizeof id, "kvb.%" PRIu64 ".%" PRIu32 ".%" PRIu64 ".%" PRIu32 ".%016" PRIx64, w->worker_id, w->rank,
+             pos->seq, pos->idx, pos->tag);
+    publish_one(w, op, ((pos->seq + 1) << 20) | (pos->idx + 1), id);
 }
 
 void kvi_nats_bridge_stats(struct kvi_nats_bridge *b, struct kvi_nats_bridge_stats *out)

@@ -23,15 +23,26 @@
  *   <worker_id>.<registered rank> (hex of the UTF-8 bytes, lower case, so any
  *   name is a valid token; "-" for an empty name). A namespace's events are
  *   STREAM.<hex model>.<hex tenant>.> (kvi_nats_bridge_ns_subject).
- *   event_id = ((zmq_seq + 1) << 20) | (event index + 1); a rank reset is
- *   index 0 of the seq being handled: increasing per (worker_id, dp_rank)
- *   while the engine's seq increases (an engine restart starts it over,
- *   after a "cleared"). Nats-Msg-Id = "kvb.<worker_id>.<rank>.<seq>.<index>"
- *   (resets: "kvb.<worker_id>.<rank>.<seq>.c<k>.<last live seq before>"),
- *   so two replicas bridging one engine publish identical messages and the
- *   stream's duplicate window (KVI_BRIDGE_DUP_WINDOW_NS) stores them once.
+ *   event_id = ((zmq_seq + 1) << 20) | (event index + 1): increasing per
+ *   (worker_id, dp_rank) while the engine's seq increases (an engine restart
+ *   starts it over, after a "cleared"). Nats-Msg-Id =
+ *   "kvb.<worker_id>.<rank>.<seq>.<index>.<tag>", tag = XXH3-64 of the
+ *   batch's ZMQ payload in hex (set by the listener): two replicas bridging
+ *   one engine publish identical messages and the stream's duplicate window
+ *   (KVI_BRIDGE_DUP_WINDOW_NS) stores them once, while a restarted engine's
+ *   batches (same seqs, other bytes) are not taken for duplicates.
  *   At most 2^20 - 1 events per batch are bridged (past that: skipped).
  *
+ * RESETS
+ *   A rank reset (the listener's, on an engine restart or a gap it cannot
+ *   repair) is held back and published as "cleared" just before the next
+ *   event of the registration, with event_id ((seq + 1) << 20) and
+ *   Nats-Msg-Id "kvb.<worker_id>.<rank>.<seq>.c<k>.<tag>" of that next
+ *   batch (k: the k-th rank reset): after a restart the next batch is the
+ *   new engine's first one (replayed from its ring), which every replica
+ *   bridging it sees alike, so they publish the same "cleared" once.
+ *   Until that next event the stream still holds the old blocks.
+
  * RESUME (kvi_nats_bridge_resume)
  *   A bridging replica that restarts reads the last message of each
  *   (worker, rank) subject back from the stream: the caller seeds the

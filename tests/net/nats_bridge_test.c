@@ -127,7 +127,7 @@ static void test_messages(void **state)
         /* the content hash is Dynamo's tokens_hash (XXH3-64 of LE u32 tokens, seed 1337) */
         assert_int_equal(op->blocks[i].content_hash, kvp_re_tokens_hash(tok + 4 * i, 4, kvp_re_seed(NULL, 0)));
     }
-    struct kvi_ingest_mirror_pos pos = {.seq = 5, .idx = 0};
+    struct kvi_ingest_mirror_pos pos = {.seq = 5, .idx = 0, .tag = 0xabc};
     kvi_nats_bridge_mirror(w, op, &pos);
     char json[512];
     snprintf(json, sizeof json,
@@ -155,41 +155,57 @@ static void test_messages(void **state)
     kvi_nats_bridge_mirror(w, op, &pos);
     kvi_op_free(op);
 
-    /* a rank reset by a listener (engine restart seen at live seq 2, after live seq 9) for a string id */
+    /* a rank reset by a listener (engine restart seen at live seq 9) for a string id: held back
+     * until the next batch (seq 0 of the new engine, replayed), then published before its event */
     struct kvi_bridge_worker *ws = kvi_nats_bridge_worker(f.b, "m.x", "", 0, "pod-1", 0);
     assert_non_null(ws);
     op = kvi_op_alloc(0, false);
     op->type = KVI_OP_REMOVE_DP_RANK;
     op->dp_rank = 0;
-    struct kvi_ingest_mirror_pos rpos = {.seq = 2, .prev = 9, .idx = 0, .reset = true};
+    struct kvi_ingest_mirror_pos rpos = {.seq = 9, .idx = 0, .reset = true};
     kvi_nats_bridge_mirror(ws, op, &rpos);
+    kvi_nats_bridge_mirror(ws, op, &rpos); /* the same rank twice: one cleared */
     kvi_op_free(op);
-
-    wait_acked(&f, 3);
     struct kvi_nats_bridge_stats s;
     kvi_nats_bridge_stats(f.b, &s);
-    assert_int_equal(s.events, 3);
-    assert_int_equal(s.acked, 3);
+    assert_int_equal(s.events, 2);
+    op = kvi_op_alloc(1, false);
+    op->type = KVI_OP_REMOVE;
+    op->n = 1;
+    op->hashes[0] = 5;
+    kvi_nats_bridge_mirror(ws, op, &(struct kvi_ingest_mirror_pos){.seq = 0, .idx = 0, .tag = 0x1f});
+    kvi_op_free(op);
+
+    wait_acked(&f, 4);
+    kvi_nats_bridge_stats(f.b, &s);
+    assert_int_equal(s.events, 4);
+    assert_int_equal(s.acked, 4);
     assert_int_equal(s.skipped, 1);
     assert_int_equal(s.dropped, 0);
     assert_true(s.stream_ready);
 
-    expect_msg(&f, 1, STREAM ".6d.64656661756c74.7.0", "kvb.7.0.5.0", json);
+    expect_msg(&f, 1, STREAM ".6d.64656661756c74.7.0", "kvb.7.0.5.0.0000000000000abc", json);
     snprintf(json, sizeof json,
              "{\"worker_id\":7,\"storage_tier\":\"host_pinned\",\"event\":{\"event_id\":%" PRIu64
              ",\"data\":{\"removed\":{\"block_hashes\":[1001]}},\"dp_rank\":3}}",
              (uint64_t)(6ull << 20 | 2));
-    expect_msg(&f, 2, STREAM ".6d.64656661756c74.7.0", "kvb.7.0.5.1", json);
+    expect_msg(&f, 2, STREAM ".6d.64656661756c74.7.0", "kvb.7.0.5.1.0000000000000abc", json);
     uint64_t wid = kvi_nats_bridge_worker_id("pod-1");
     assert_true(wid >> 63);
     char subj[128], id[128];
     snprintf(subj, sizeof subj, STREAM ".6d2e78.-.%" PRIu64 ".0", wid); /* "m.x": hex keeps the '.' out */
-    snprintf(id, sizeof id, "kvb.%" PRIu64 ".0.2.c0.9", wid);
+    snprintf(id, sizeof id, "kvb.%" PRIu64 ".0.0.c0.000000000000001f", wid);
     snprintf(json, sizeof json,
              "{\"worker_id\":%" PRIu64 ",\"storage_tier\":\"device\",\"event\":{\"event_id\":%" PRIu64
              ",\"data\":\"cleared\",\"dp_rank\":0}}",
-             wid, (uint64_t)(3ull << 20));
+             wid, (uint64_t)(1ull << 20));
     expect_msg(&f, 3, subj, id, json);
+    snprintf(id, sizeof id, "kvb.%" PRIu64 ".0.0.0.000000000000001f", wid);
+    snprintf(json, sizeof json,
+             "{\"worker_id\":%" PRIu64 ",\"storage_tier\":\"device\",\"event\":{\"event_id\":%" PRIu64
+             ",\"data\":{\"removed\":{\"block_hashes\":[5]}},\"dp_rank\":0}}",
+             wid, (uint64_t)(1ull << 20 | 1));
+    expect_msg(&f, 4, subj, id, json);
     fx_close(&f);
 }
 
