@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/nats_args.h"
 #include "api/service_internal.h"
@@ -34,6 +35,16 @@ void kvi_svc__bridge_open(struct kvi_service *svc)
         kvi_log_error("nats bridge: cannot start (--nats-publish %s): %s; ZMQ events are not published",
                       a->publish, strerror(errno));
         return;
+    }
+    /* the --workers registrations come next: give NATS up to 2 s, so that they can resume after
+     * what the stream holds (kvi_nats_bridge_resume does not wait for a connection) */
+    struct kvi_nats_conn_info ci;
+    for (int i = 0; i < 200 && !kvi_service_stopping(svc); i++) {
+        kvi_nats_conn_info(n, &ci);
+        if (ci.connected)
+            break;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
     }
     atomic_store_explicit(&svc->bridge, b, memory_order_release); /* N1 */
     kvi_log_info("nats bridge: every ZMQ registration's events are published to JetStream stream %s", a->publish);

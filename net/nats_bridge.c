@@ -619,6 +619,13 @@ int kvi_nats_bridge_resume(struct kvi_nats_bridge *b, struct kvi_bridge_worker *
 {
     *has_seed = false;
     w->resume_armed = false;
+    if (natsConnection_Status(kvi_nats__connection(b->plane)) != NATS_CONN_STATUS_CONNECTED) {
+        /* no 2 s wait per registration while NATS is away */
+        kvi_log_warn("nats bridge %s: NATS unreachable: %s starts at the engine's next batch, without reading "
+                     "back what the stream holds",
+                     b->stream, w->subject);
+        return -ENOTCONN;
+    }
     natsMsg *m = NULL;
     jsErrCode jerr = 0;
     jsOptions jo;

@@ -147,7 +147,8 @@ struct kvi_bridge_worker *kvi_nats_bridge_worker(struct kvi_nats_bridge *b, cons
  * round-trip, up to 2 s). When there is one, set @p *seed_watermark to the
  * seq below it (or leave it unset when that seq is 0), arm the skip and
  * @return 1; 0 when the subject is empty; a negative errno when NATS or the
- * stream did not answer (nothing armed; logged).
+ * stream did not answer, -ENOTCONN at once when the connection is down
+ * (nothing armed; logged).
  */
 int kvi_nats_bridge_resume(struct kvi_nats_bridge *b, struct kvi_bridge_worker *w, bool *has_seed,
                            uint64_t *seed_watermark);

@@ -370,9 +370,23 @@ static void test_nats_down(void **state)
     kvi_nats_server_stop(&ns);
 }
 
+/* --nats-publish needs --nats and a stream name JetStream accepts: refused at start-up otherwise. */
+static void test_flags(void **state)
+{
+    (void)state;
+    struct kfx_daemon d;
+    const char *no_nats[] = {"--nats-publish", STREAM, NULL};
+    assert_int_not_equal(kfx_start_rc(&d, no_nats, NULL), 0);
+    const char *dotted[] = {"--nats", "nats://127.0.0.1:1", "--nats-publish", "a.b", NULL};
+    assert_int_not_equal(kfx_start_rc(&d, dotted, NULL), 0);
+    const char *empty[] = {"--nats", "nats://127.0.0.1:1", "--nats-publish", "", NULL};
+    assert_int_not_equal(kfx_start_rc(&d, empty, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_flags, teardown),
         cmocka_unit_test_teardown(test_query_only, teardown),
         cmocka_unit_test_teardown(test_bridge_crash, teardown),
         cmocka_unit_test_teardown(test_two_bridges, teardown),
