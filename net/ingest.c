@@ -497,6 +497,8 @@ size_t kvi_ingest_batch(struct kvi_ingest_target *t, const struct kvi_batch *b, 
                 break;
             }
     ops_flush(t, p);
+    if (t->mirror != NULL && s->mirror_idx > 0) /* MIRROR: the batch is complete */
+        t->mirror(t->mirror_ctx, NULL, &t->mirror_pos);
     return (size_t)(s->n_pushed - before);
 }
 

@@ -180,8 +180,10 @@ struct kvi_ingest_mirror_pos {
 /**
  * MIRROR: called for every op on the target's own instance (never a shared
  * pool's) just before it is queued, on the target's thread; @p op is valid
- * only during the call and must not be changed. It must not block (the
- * listener's hot path): copy what it needs and return.
+ * only during the call and must not be changed. After the last op of a
+ * batch that mirrored any, it is called once more with @p op NULL (the
+ * batch is complete). It must not block (the listener's hot path): copy
+ * what it needs and return.
  */
 typedef void (*kvi_ingest_mirror_fn)(void *ctx, const struct kvi_op *op, const struct kvi_ingest_mirror_pos *pos);
 

@@ -71,6 +71,9 @@ struct kvi_bridge_worker {
     bool resume_armed;
     uint64_t resume_seq;
     uint32_t resume_idx1; /* index + 1 of the last event of resume_seq in the stream (0: none) */
+    /* the current batch's messages, queued at its end with one lock (listener thread) */
+    struct bnode *lhead, *ltail;
+    uint64_t ln, lbytes;
     /* rank resets not published yet (RESETS in the header): listener thread */
     uint32_t *resets;
     uint32_t n_resets, cap_resets;
@@ -149,11 +152,27 @@ static bool stream_ok(const char *s)
 
 /* ---- FIFO ------------------------------------------------------------------- */
 
-/* Append (or put at the head) a node; false when it would pass max_bytes (the caller drops it). */
-static bool fifo_put(struct kvi_nats_bridge *b, struct bnode *n, bool at_head, bool force)
+/* Put a node back at the FIFO's head (a failed or taken-back publish: already counted in the bound's
+ * budget once, so not refused; at most KVI_BRIDGE_MAX_PENDING of them at a time). */
+static void fifo_requeue(struct kvi_nats_bridge *b, struct bnode *n)
 {
     pthread_mutex_lock(&b->mu);
-    if (!force && b->q_bytes + n->len > b->max_bytes) {
+    n->next = b->head;
+    b->head = n;
+    if (b->tail == NULL)
+        b->tail = n;
+    b->q_n++;
+    b->q_bytes += n->len;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Append a chain of @p n nodes, @p bytes in all, or drop it whole past max_bytes. @return appended? */
+static bool fifo_append_chain(struct kvi_nats_bridge *b, struct bnode *first, struct bnode *last, uint64_t n,
+                              uint64_t bytes)
+{
+    pthread_mutex_lock(&b->mu);
+    if (b->q_bytes + bytes > b->max_bytes) {
         uint64_t now = kvi_now_ns();
         bool log = now - b->last_drop_log_ns >= BR_DROP_LOG_NS;
         if (log)
@@ -166,21 +185,14 @@ static bool fifo_put(struct kvi_nats_bridge *b, struct bnode *n, bool at_head, b
                          b->stream, qb);
         return false;
     }
-    n->next = NULL;
-    if (at_head) {
-        n->next = b->head;
-        b->head = n;
-        if (b->tail == NULL)
-            b->tail = n;
-    } else {
-        if (b->tail)
-            b->tail->next = n;
-        else
-            b->head = n;
-        b->tail = n;
-    }
-    b->q_n++;
-    b->q_bytes += n->len;
+    last->next = NULL;
+    if (b->tail)
+        b->tail->next = first;
+    else
+        b->head = first;
+    b->tail = last;
+    b->q_n += n;
+    b->q_bytes += bytes;
     pthread_cond_signal(&b->cv);
     pthread_mutex_unlock(&b->mu);
     return true;
@@ -292,10 +304,10 @@ static void on_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void
     } else {
         RELAXED_ADD(b->errors, 1);
         struct bnode *n = msg ? node_from_msg(b, msg) : NULL;
-        if (n == NULL || !fifo_put(b, n, true, true)) {
-            free(n);
+        if (n != NULL)
+            fifo_requeue(b, n);
+        else
             RELAXED_ADD(b->dropped, 1);
-        }
         kvi_log_debug("nats bridge %s: publish failed (%s): queued again", b->stream,
                       pae && pae->ErrText ? pae->ErrText : natsStatus_GetText(pae ? pae->Err : NATS_ERR));
     }
@@ -392,10 +404,10 @@ static void resend_stalled(struct kvi_nats_bridge *b)
     atomic_fetch_sub_explicit(&b->pending, (uint64_t)pl.Count, memory_order_relaxed);
     for (int i = 0; i < pl.Count; i++) {
         struct bnode *n = node_from_msg(b, pl.Msgs[i]);
-        if (n == NULL || !fifo_put(b, n, false, true)) {
-            free(n);
+        if (n != NULL)
+            fifo_requeue(b, n);
+        else
             RELAXED_ADD(b->dropped, 1);
-        }
     }
     RELAXED_ADD(b->resent, (uint64_t)pl.Count);
     kvi_log_warn("nats bridge %s: no ack for %d publishes in %llu s: sent again", b->stream, pl.Count,
@@ -406,6 +418,7 @@ static void resend_stalled(struct kvi_nats_bridge *b)
 static void *bridge_main(void *arg)
 {
     struct kvi_nats_bridge *b = arg;
+    pthread_setname_np(pthread_self(), "kvi-nats-bridge");
     uint64_t last_done = 0, last_change_ns = kvi_now_ns(), last_errors = 0;
     bool warned = false;
     for (;;) {
@@ -527,6 +540,10 @@ void kvi_nats_bridge_destroy(struct kvi_nats_bridge *b)
         free(b->workers[i]->tenant);
         free(b->workers[i]->name);
         free(b->workers[i]->resets);
+        for (struct bnode *x = b->workers[i]->lhead, *nx; x != NULL; x = nx) {
+            nx = x->next;
+            free(x);
+        }
         free(b->workers[i]);
     }
     free(b->workers);
@@ -734,12 +751,33 @@ static void publish_one(struct kvi_bridge_worker *w, const struct kvi_op *op, ui
         return;
     }
     snprintf(n->id, sizeof n->id, "%s", id);
-    if (!fifo_put(b, n, false, false)) {
-        free(n);
-        RELAXED_ADD(b->dropped, 1);
+    n->next = NULL;
+    if (w->ltail)
+        w->ltail->next = n;
+    else
+        w->lhead = n;
+    w->ltail = n;
+    w->ln++;
+    w->lbytes += n->len;
+}
+
+/* The batch is complete: its messages go to the FIFO under one lock (or are dropped together). */
+static void flush_local(struct kvi_bridge_worker *w)
+{
+    struct kvi_nats_bridge *b = w->b;
+    if (w->lhead == NULL)
         return;
+    if (fifo_append_chain(b, w->lhead, w->ltail, w->ln, w->lbytes)) {
+        RELAXED_ADD(b->events, w->ln);
+    } else {
+        for (struct bnode *x = w->lhead, *nx; x != NULL; x = nx) {
+            nx = x->next;
+            free(x);
+        }
+        RELAXED_ADD(b->dropped, w->ln);
     }
-    RELAXED_ADD(b->events, 1);
+    w->lhead = w->ltail = NULL;
+    w->ln = w->lbytes = 0;
 }
 
 /* RESETS: the pending "cleared" of each reset rank, named by the batch that follows them. */
@@ -763,6 +801,10 @@ void kvi_nats_bridge_mirror(void *ctx, const struct kvi_op *op, const struct kvi
 {
     struct kvi_bridge_worker *w = ctx;
     struct kvi_nats_bridge *b = w->b;
+    if (op == NULL) {
+        flush_local(w);
+        return;
+    }
     if (pos->reset) {
         w->resume_armed = false; /* the stream starts over: nothing of it is in the stream yet */
         for (uint32_t k = 0; k < w->n_resets; k++)

@@ -53,7 +53,8 @@
  *
  * THREADS AND FLOW
  *   mirror callbacks run on listener threads: they encode the event into a
- *   heap node and append it to a mutex-protected FIFO (no NATS call). One
+ *   heap node, and at the batch's end (the hook's op NULL call) append the
+ *   batch's nodes to a mutex-protected FIFO with one lock (no NATS call). One
  *   bridge thread takes the FIFO and publishes with js_PublishMsgAsync
  *   (at most KVI_BRIDGE_MAX_PENDING unacknowledged); libnats' reply thread
  *   runs the ack handler, which counts acks, duplicates and errors; a
@@ -153,7 +154,8 @@ struct kvi_bridge_worker *kvi_nats_bridge_worker(struct kvi_nats_bridge *b, cons
 int kvi_nats_bridge_resume(struct kvi_nats_bridge *b, struct kvi_bridge_worker *w, bool *has_seed,
                            uint64_t *seed_watermark);
 
-/** The mirror hook (net/ingest.h kvi_ingest_mirror_fn); @p ctx is a struct kvi_bridge_worker. */
+/** The mirror hook (net/ingest.h kvi_ingest_mirror_fn); @p ctx is a struct kvi_bridge_worker. A
+ * batch's events are queued when the hook is called with @p op NULL (its end). */
 void kvi_nats_bridge_mirror(void *ctx, const struct kvi_op *op, const struct kvi_ingest_mirror_pos *pos);
 
 /** Counters into @p out. Any thread. */

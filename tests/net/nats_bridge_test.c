@@ -96,6 +96,12 @@ static void expect_msg(struct fx *f, uint64_t seq, const char *subject, const ch
     natsMsg_Destroy(m);
 }
 
+/* The end of a batch (the hook's op NULL call): its events are queued. */
+static void end_batch(struct kvi_bridge_worker *w)
+{
+    kvi_nats_bridge_mirror(w, NULL, &(struct kvi_ingest_mirror_pos){0});
+}
+
 static struct kvi_op *store_op(uint32_t n, bool has_parent, uint64_t parent)
 {
     struct kvi_op *op = kvi_op_alloc(n, false);
@@ -154,6 +160,10 @@ static void test_messages(void **state)
     op->type = KVI_OP_STORE_KNOWN;
     kvi_nats_bridge_mirror(w, op, &pos);
     kvi_op_free(op);
+    struct kvi_nats_bridge_stats s;
+    kvi_nats_bridge_stats(f.b, &s);
+    assert_int_equal(s.events, 0); /* queued at the batch's end only */
+    end_batch(w);
 
     /* a rank reset by a listener (engine restart seen at live seq 9) for a string id: held back
      * until the next batch (seq 0 of the new engine, replayed), then published before its event */
@@ -166,7 +176,6 @@ static void test_messages(void **state)
     kvi_nats_bridge_mirror(ws, op, &rpos);
     kvi_nats_bridge_mirror(ws, op, &rpos); /* the same rank twice: one cleared */
     kvi_op_free(op);
-    struct kvi_nats_bridge_stats s;
     kvi_nats_bridge_stats(f.b, &s);
     assert_int_equal(s.events, 2);
     op = kvi_op_alloc(1, false);
@@ -174,6 +183,7 @@ static void test_messages(void **state)
     op->n = 1;
     op->hashes[0] = 5;
     kvi_nats_bridge_mirror(ws, op, &(struct kvi_ingest_mirror_pos){.seq = 0, .idx = 0, .tag = 0x1f});
+    end_batch(ws);
     kvi_op_free(op);
 
     wait_acked(&f, 4);
@@ -224,9 +234,11 @@ static void test_dedup_and_resume(void **state)
     struct kvi_op *op = store_op(1, false, 0);
     op->blocks[0] = (struct kvi_block){41, 42};
     /* seq 10 holds 3 events, each mirrored twice */
-    for (uint32_t i = 0; i < 3; i++)
-        for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2; k++) {
+        for (uint32_t i = 0; i < 3; i++)
             kvi_nats_bridge_mirror(w, op, &(struct kvi_ingest_mirror_pos){.seq = 10, .idx = i});
+        end_batch(w);
+    }
     wait_acked(&f, 6);
     struct kvi_nats_bridge_stats s;
     kvi_nats_bridge_stats(f.b, &s);
@@ -240,7 +252,9 @@ static void test_dedup_and_resume(void **state)
     /* the replay brings seq 10 again (skipped: the stream has it), then seq 11 (published) */
     for (uint32_t i = 0; i < 3; i++)
         kvi_nats_bridge_mirror(w, op, &(struct kvi_ingest_mirror_pos){.seq = 10, .idx = i});
+    end_batch(w);
     kvi_nats_bridge_mirror(w, op, &(struct kvi_ingest_mirror_pos){.seq = 11, .idx = 0});
+    end_batch(w);
     wait_acked(&f, 7);
     kvi_nats_bridge_stats(f.b, &s);
     assert_int_equal(s.resumed_skipped, 3);
