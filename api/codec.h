@@ -58,6 +58,9 @@
 #include <stdint.h>
 
 #include "net/body.h"
+#include "net/nats_bridge.h"
+
+#define KVI_STATUS_BRIDGE_NS 64 /* namespaces /status lists under nats_bridge */
 
 /* ---- routes, content types, dialects ---------------------------------------- */
 
@@ -465,6 +468,12 @@ struct kvi_status_view {
     bool has_nats;                 /* --nats: the "nats" object is written */
     bool nats_connected;
     uint64_t nats_pending;         /* stream messages still to deliver before caught up */
+    /* --nats-publish: the "nats_bridge" object (has_bridge false: omitted) */
+    bool has_bridge;
+    const char *bridge_stream;
+    struct kvi_nats_bridge_stats bridge;
+    struct kvi_nats_bridge_ns_view bridge_ns[KVI_STATUS_BRIDGE_NS]; /* the first ones */
+    size_t n_bridge_ns;            /* all of them (those past KVI_STATUS_BRIDGE_NS are not listed) */
 };
 
 /** GET /status (§1.12). @return 0 or -ENOMEM. */

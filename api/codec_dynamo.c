@@ -639,11 +639,49 @@ int kvi_dyn_encode_workers(const struct kvi_worker_view *ws, size_t n, struct kv
     return done(out);
 }
 
+/* "nats_bridge": the stream, its counters and each namespace's subject filter (kvidx, --nats-publish). */
+static void encode_bridge(struct kvi_wr *w, const struct kvi_status_view *st)
+{
+    const struct kvi_nats_bridge_stats *s = &st->bridge;
+    kvi_wr_keyz(w, "nats_bridge");
+    kvi_wr_obj(w, 12);
+    kvi_wr_keyz(w, "stream");
+    kvi_wr_strz(w, st->bridge_stream ? st->bridge_stream : "");
+    kvi_wr_keyz(w, "stream_ready");
+    kvi_wr_bool(w, s->stream_ready);
+    const struct {
+        const char *k;
+        uint64_t v;
+    } f[] = {{"events", s->events},   {"acked", s->acked},   {"duplicates", s->duplicates},
+             {"errors", s->errors},   {"dropped", s->dropped}, {"queued", s->queued},
+             {"pending", s->pending}, {"skipped", s->skipped}, {"namespaces_total", st->n_bridge_ns}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        kvi_wr_keyz(w, f[i].k);
+        kvi_wr_u64(w, f[i].v);
+    }
+    size_t n = st->n_bridge_ns < KVI_STATUS_BRIDGE_NS ? st->n_bridge_ns : KVI_STATUS_BRIDGE_NS;
+    kvi_wr_keyz(w, "namespaces");
+    kvi_wr_arr(w, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        const struct kvi_nats_bridge_ns_view *v = &st->bridge_ns[i];
+        kvi_wr_obj(w, 3);
+        kvi_wr_keyz(w, "model_name");
+        kvi_wr_strz(w, v->model);
+        kvi_wr_keyz(w, "tenant_id");
+        kvi_wr_strz(w, v->tenant);
+        kvi_wr_keyz(w, "subject");
+        kvi_wr_strz(w, v->subject);
+        kvi_wr_end(w);
+    }
+    kvi_wr_end(w);
+    kvi_wr_end(w);
+}
+
 int kvi_dyn_encode_status(const struct kvi_status_view *st, struct kvi_buf *out)
 {
     struct kvi_wr w;
     kvi_wr_init(&w, out, KVI_ENC_JSON);
-    kvi_wr_obj(&w, st->has_nats ? 6 : 5);
+    kvi_wr_obj(&w, (st->has_nats ? 6 : 5) + (st->has_bridge ? 1 : 0));
     kvi_wr_keyz(&w, "ready");
     kvi_wr_bool(&w, st->ready);
     kvi_wr_keyz(&w, "reason");
@@ -686,6 +724,8 @@ int kvi_dyn_encode_status(const struct kvi_status_view *st, struct kvi_buf *out)
         kvi_wr_u64(&w, st->nats_pending);
         kvi_wr_end(&w);
     }
+    if (st->has_bridge)
+        encode_bridge(&w, st);
     kvi_wr_end(&w);
     return done(out);
 }

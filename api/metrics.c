@@ -14,6 +14,7 @@
 #include "api/recovery.h"
 #include "engine/rcu.h"
 #include "net/listener.h"
+#include "net/nats_bridge.h"
 
 #ifdef KVI_WITH_JEMALLOC
 #include <jemalloc/jemalloc.h>
@@ -536,6 +537,45 @@ static void render_zbind(const struct kvi_metrics_src *src, struct kvi_buf *b)
     put_u64(b, "kvidx_zmq_bind_no_block_size_total", "", z.no_block_size);
 }
 
+/* --nats-publish: the bridge's counters (net/nats_bridge.h). */
+static void render_bridge(const struct kvi_metrics_src *src, struct kvi_buf *b)
+{
+    struct kvi_nats_bridge *br = kvi_service_bridge(src->svc);
+    if (br == NULL)
+        return;
+    struct kvi_nats_bridge_stats s;
+    kvi_nats_bridge_stats(br, &s);
+    const struct {
+        const char *name, *type, *help;
+        uint64_t v;
+    } f[] = {
+        {"kvidx_nats_bridge_events_total", "counter", "index changes of ZMQ registrations queued for the stream",
+         s.events},
+        {"kvidx_nats_bridge_published_total", "counter", "publishes handed to libnats (resends included)",
+         s.published},
+        {"kvidx_nats_bridge_acked_total", "counter", "events the stream stored", s.acked},
+        {"kvidx_nats_bridge_duplicates_total", "counter",
+         "events the stream had already (same Nats-Msg-Id: another bridging replica, or a resend)", s.duplicates},
+        {"kvidx_nats_bridge_errors_total", "counter", "failed publishes (each is queued again)", s.errors},
+        {"kvidx_nats_bridge_resent_total", "counter", "publishes sent again after 10 s without an ack", s.resent},
+        {"kvidx_nats_bridge_dropped_total", "counter",
+         "events not published: the queue was full (NATS unreachable for long)", s.dropped},
+        {"kvidx_nats_bridge_skipped_total", "counter",
+         "index changes with no RouterEvent form (token-less or seq-only stores, shared pools)", s.skipped},
+        {"kvidx_nats_bridge_resumed_skipped_total", "counter",
+         "events the stream held already when a registration resumed (not published again)", s.resumed_skipped},
+        {"kvidx_nats_bridge_queued", "gauge", "events waiting to be published", s.queued},
+        {"kvidx_nats_bridge_queued_bytes", "gauge", "their bytes (bounded: past the bound events are dropped)",
+         s.queued_bytes},
+        {"kvidx_nats_bridge_pending", "gauge", "events published and not acknowledged yet", s.pending},
+        {"kvidx_nats_bridge_stream_ready", "gauge", "1 once the stream exists (created or found)", s.stream_ready},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        put_help(b, f[i].name, f[i].type, f[i].help);
+        put_u64(b, f[i].name, "", f[i].v);
+    }
+}
+
 /* --nats: the connection, then each source (label source = its subject or stream, kind, model). */
 static void render_nats(const struct kvi_metrics_src *src, struct kvi_buf *b)
 {
@@ -659,6 +699,7 @@ int kvi_metrics_render(const struct kvi_metrics_src *src, struct kvi_buf *out)
     render_queries(src, out);
     render_misc(src, out);
     render_nats(src, out);
+    render_bridge(src, out);
     render_zbind(src, out);
     return kvi_buf_ok(out) ? 0 : -ENOMEM;
 }

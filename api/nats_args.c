@@ -14,7 +14,7 @@
 
 enum {
     F_NATS, F_USER, F_PASSWORD, F_TOKEN, F_CREDS, F_TLS_CA, F_SOURCE, F_STREAM, F_DURABLE, F_FETCH, F_REGISTRY,
-    F_SNAPSHOT, F_SNAP_EVERY,
+    F_SNAPSHOT, F_SNAP_EVERY, F_PUBLISH,
 };
 
 static const struct {
@@ -25,6 +25,7 @@ static const struct {
     [F_SOURCE] = {"--nats-source"},  [F_STREAM] = {"--nats-stream"},   [F_DURABLE] = {"--nats-durable"},
     [F_FETCH] = {"--nats-fetch-batch"}, [F_REGISTRY] = {"--nats-registry"},
     [F_SNAPSHOT] = {"--nats-snapshot"}, [F_SNAP_EVERY] = {"--nats-snapshot-every-s"},
+    [F_PUBLISH] = {"--nats-publish"},
 };
 
 /* Which flag arg is (value after '=' in *v), or -1. */
@@ -137,6 +138,7 @@ static int apply(struct kvi_nats_args *a, int f, const char *v)
         a->snapshot_every_s = (uint32_t)n;
         return 0;
     }
+    case F_PUBLISH: a->publish = v; return 0;
     case F_FETCH: {
         char *end;
         errno = 0;
@@ -213,6 +215,16 @@ int kvi_nats_args(int *argc, char **argv, struct kvi_nats_args *out)
     }
     if (out->snapshot_every_s == 0)
         out->snapshot_every_s = KVI_NATS_SNAPSHOT_EVERY_S_DEFAULT;
+    for (const char *p = out->publish; p != NULL && *p; p++)
+        if (*p == '.' || *p == '*' || *p == '>' || *p == '/' || *p == '\\' || (unsigned char)*p <= ' ') {
+            fprintf(stderr, "kvidxd: --nats-publish '%s': a stream name has no '.', '*', '>', '/', '\\' or "
+                            "white space\n", out->publish);
+            return -EINVAL;
+        }
+    if (out->publish != NULL && (*out->publish == '\0' || strlen(out->publish) > 200)) {
+        fprintf(stderr, "kvidxd: --nats-publish needs a stream name (1..200 bytes)\n");
+        return -EINVAL;
+    }
     if (out->registry != NULL && *out->registry == '\0') {
         fprintf(stderr, "kvidxd: --nats-registry needs a bucket name\n");
         return -EINVAL;
@@ -260,6 +272,9 @@ void kvi_nats_args_usage(FILE *f)
             "                         one plus the stream after it, and purge what it and every\n"
             "                         durable consumer cover\n"
             "  --nats-snapshot-every-s N  snapshot period (default 300)\n"
+            "  --nats-publish STREAM  publish every ZMQ registration's events to that JetStream stream\n"
+            "                         as Dynamo RouterEvent JSON (created if missing; query-only\n"
+            "                         replicas read it with --nats-stream)\n"
             "  --nats-user U --nats-password P, --nats-token T, --nats-creds FILE,\n"
             "  --nats-tls-ca FILE     authentication and TLS, as libnats offers them\n");
 }

@@ -36,6 +36,7 @@ struct kvi_nats_args {
     const char *registry;        /* --nats-registry BUCKET: shared registrations (NULL: none) */
     const char *snapshot;        /* --nats-snapshot BUCKET: stream sources' snapshots (NULL: none) */
     uint32_t snapshot_every_s;   /* --nats-snapshot-every-s (default KVI_NATS_SNAPSHOT_EVERY_S_DEFAULT) */
+    const char *publish;         /* --nats-publish STREAM: bridge ZMQ events into it (NULL: none) */
 };
 
 /**

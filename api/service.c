@@ -21,6 +21,7 @@
  *   api/dump_pool.h.
  */
 #include "api/service_internal.h"
+#include "net/nats_bridge.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -266,9 +267,10 @@ static void svc_teardown(struct kvi_service *svc)
         free(c->arg);
         free(c);
     }
-    kvi_svc__nats_stop(svc); /* its sources submit to the writers */
     if (svc->listeners)
         kvi_listeners_destroy(svc->listeners);
+    kvi_svc__bridge_close(svc); /* after the listeners (they call its mirror hook), before the plane */
+    kvi_svc__nats_stop(svc);    /* its sources submit to the writers (destroyed below) */
     kvi_svc__zbind_free(svc); /* after the listeners: their threads call into it */
     if (svc->writers)
         kvi_writer_pool_destroy(svc->writers);
@@ -401,6 +403,13 @@ void kvi_service_status(struct kvi_service *svc, struct kvi_status_view *out)
                      : kvi_nats_restoring(n) ? "nats_loading_snapshot"
                                              : "nats_catching_up";
     }
+    struct kvi_nats_bridge *br = atomic_load_explicit(&svc->bridge, memory_order_acquire); /* N1 */
+    out->has_bridge = br != NULL;
+    if (br != NULL) {
+        out->bridge_stream = kvi_nats_bridge_stream(br);
+        kvi_nats_bridge_stats(br, &out->bridge);
+        out->n_bridge_ns = kvi_nats_bridge_ns_list(br, out->bridge_ns, KVI_STATUS_BRIDGE_NS);
+    }
     out->reason = reason;
     out->ready = strcmp(reason, "ready") == 0;
 }
@@ -457,6 +466,7 @@ static void svc_startup(struct kvi_service *svc, void *arg)
 {
     (void)arg;
     /* the fleet's registrations first: the gate waits until the bucket's are applied */
+    kvi_svc__bridge_open(svc); /* before any ZMQ registration (the registry's too): each one is bridged */
     kvi_svc__registry_open(svc, kvi_svc__nats_plane(svc));
     for (size_t i = 0; i < svc->cfg.n_workers && !kvi_service_stopping(svc); i++) {
         const struct kvi_worker_spec *ws = &svc->workers[i];

@@ -296,6 +296,10 @@ struct kvi_writer_pool *kvi_service_writers(const struct kvi_service *svc);
 /** The NATS plane, or NULL (no --nats, or not started yet). Any thread. */
 struct kvi_nats *kvi_service_nats(const struct kvi_service *svc);
 
+struct kvi_nats_bridge;
+/** The --nats-publish bridge, or NULL (none, or not started yet). Any thread. */
+struct kvi_nats_bridge *kvi_service_bridge(const struct kvi_service *svc);
+
 /* ---- /dump: dump threads -------------------------------------------------------------- */
 
 /**

@@ -190,6 +190,7 @@ static int cond_register_local(struct kvi_service *svc, const struct kvi_cond_re
         .block_size = c.block_size,
     };
     kvi_svc__rwm_seed_spec(svc, &spec, c.dense);
+    kvi_svc__bridge_spec(svc, &spec, c.ns->model, c.ns->tenant);
     int lrc = kvi_listeners_register(svc->listeners, &spec);
     char failed[KVI_LISTEN_ERR_MAX];
     struct kvi_listener_key key = {c.ns->ix, 0, c.instance, c.dp_rank};

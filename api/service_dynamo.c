@@ -165,6 +165,7 @@ int kvi_svc__dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str m
         .block_size = bs,
     };
     kvi_svc__rwm_seed_spec(svc, &spec, (uint32_t)dense);
+    kvi_svc__bridge_spec(svc, &spec, ns->model, ns->tenant);
     int lrc = kvi_listeners_register(svc->listeners, &spec);
     if (lrc != 0) {
         rc = listener_err(lrc, &spec, id, err);

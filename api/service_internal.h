@@ -159,6 +159,9 @@ struct kvi_service {
     /* --nats-snapshot (api/service_snapshot.c): the stream sources' snapshot hooks; created with the
      * plane (control thread), freed after it */
     struct kvi_svc_snap *snap;
+    /* --nats-publish (api/service_bridge.c): the ZMQ -> JetStream bridge, published by the control
+     * thread at startup (N1), destroyed after the listeners */
+    struct kvi_nats_bridge *_Atomic bridge;
 
     /* --zmq-bind and POST /zmq/bind (api/service_zbind.c): the endpoints (slots added by the
      * control thread under mu, each freed only at destroy: a closed one is reopened in place) and
@@ -312,6 +315,19 @@ void kvi_svc__dyn_roster_update(struct kvi_service *svc, struct kvi_ns *ns);
 /** Wait for one grace period, then free what was retired; no wait when nothing was. Control thread
  * (outside a read section), or destroy with no reader left. */
 void kvi_svc__reclaim(struct kvi_service *svc);
+
+/* ---- ZMQ -> JetStream bridge (api/service_bridge.c) ----------------------------------------- */
+
+/** Start the --nats-publish bridge on the NATS plane (no-op without it; logged on failure). Control
+ * thread, at startup, before any registration. */
+void kvi_svc__bridge_open(struct kvi_service *svc);
+/** Destroy the bridge: after the listener pool, before the NATS plane. Main, at destroy. */
+void kvi_svc__bridge_close(struct kvi_service *svc);
+/** With the bridge on: make @p spec mirror its index changes into the stream, and (unless it is
+ * seeded already) resume it after what the stream holds of it (net/nats_bridge.h RESUME).
+ * Control thread, just before kvi_listeners_register. */
+void kvi_svc__bridge_spec(struct kvi_service *svc, struct kvi_listener_spec *spec, const char *model,
+                          const char *tenant);
 
 /* ---- fleet registry (api/service_registry.c) ------------------------------------------------ */
 

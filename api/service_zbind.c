@@ -270,6 +270,7 @@ static void pod_add(struct kvi_service *svc, void *arg)
                 .mode = KVI_LISTEN_BIND,
                 .exact_topic = true,
             };
+            kvi_svc__bridge_spec(svc, &spec, ns->model, ns->tenant);
             rc = kvi_listeners_register(svc->listeners, &spec);
         }
     }

@@ -34,6 +34,7 @@ struct kvi_ingest_scratch {
     struct kvi_op *ops[KVI_INGEST_BURST]; /* ops waiting for the next burst */
     size_t n_ops;
     uint64_t n_pushed;   /* ops ever pushed (kvi_ingest_batch's return) */
+    uint32_t mirror_idx; /* mirrored ops of the current batch */
     uint32_t block_size; /* resolved registered block size */
     /* seed of the last (lora_name, cache_salt) pair seen */
     bool seed_valid;
@@ -127,6 +128,12 @@ static void ops_push(struct kvi_ingest_target *t, struct kvi_producer *p, struct
     if (t->pub_applied && op->instance == t->instance) {
         op->pub_applied = true;
         op->applied1 = t->applied1;
+    }
+    if (t->mirror != NULL && op->instance == t->instance) {
+        struct kvi_ingest_mirror_pos pos = t->mirror_pos;
+        if (!pos.reset)
+            pos.idx = s->mirror_idx++;
+        t->mirror(t->mirror_ctx, op, &pos);
     }
     s->ops[s->n_ops++] = op;
     s->n_pushed++;
@@ -474,6 +481,8 @@ size_t kvi_ingest_batch(struct kvi_ingest_target *t, const struct kvi_batch *b, 
     struct kvi_ingest_scratch *s = t->_s;
     uint64_t before = s->n_pushed;
     uint32_t dp_rank = b->has_dp_rank ? b->dp_rank : t->dp_rank;
+    s->mirror_idx = 0;
+    t->mirror_pos.reset = false;
     CTR_ADD(t, batches, 1);
     if (b->n_unknown)
         CTR_ADD(t, events_unknown, b->n_unknown);
@@ -488,6 +497,8 @@ size_t kvi_ingest_batch(struct kvi_ingest_target *t, const struct kvi_batch *b, 
                 break;
             }
     ops_flush(t, p);
+    if (t->mirror != NULL && s->mirror_idx > 0) /* MIRROR: the batch is complete */
+        t->mirror(t->mirror_ctx, NULL, &t->mirror_pos);
     return (size_t)(s->n_pushed - before);
 }
 
@@ -495,7 +506,9 @@ void kvi_ingest_reset_rank(struct kvi_ingest_target *t, uint32_t dp_rank, struct
 {
     KVI_ASSERT(t->_s != NULL);
     const struct kvi_ingest_scratch *s = t->_s;
+    t->mirror_pos.reset = true;
     ops_push(t, p, op_new(KVI_OP_REMOVE_DP_RANK, t->instance, dp_rank, 0, false));
+    t->mirror_pos.reset = false;
     for (size_t i = 0; i < s->n_pools; i++)
         ops_push(t, p, op_new(KVI_OP_REMOVE_DP_RANK, s->pools[i].instance, dp_rank, 0, false));
     ops_flush(t, p);

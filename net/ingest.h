@@ -165,6 +165,29 @@ struct kvi_ingest_counters {
 struct kvi_ingest_scratch; /* private, per target */
 
 /**
+ * Where a mirrored op sits in its owner's stream (MIRROR below). The owner
+ * sets seq and tag (and idx for a reset) before each call; ingest sets idx
+ * for the ops of a batch and `reset`.
+ */
+struct kvi_ingest_mirror_pos {
+    uint64_t seq;  /* the batch's seq; a reset: the seq being handled when it happened */
+    uint32_t idx;  /* a batch: the op's index among the batch's mirrored ops (0-based);
+                      a reset: the owner's count of resets at this seq */
+    bool reset;    /* the op is a rank reset (kvi_ingest_reset_rank), not a batch's */
+    uint64_t tag;  /* a batch: a hash of its payload bytes (tells an engine's incarnations apart) */
+};
+
+/**
+ * MIRROR: called for every op on the target's own instance (never a shared
+ * pool's) just before it is queued, on the target's thread; @p op is valid
+ * only during the call and must not be changed. After the last op of a
+ * batch that mirrored any, it is called once more with @p op NULL (the
+ * batch is complete). It must not block (the listener's hot path): copy
+ * what it needs and return.
+ */
+typedef void (*kvi_ingest_mirror_fn)(void *ctx, const struct kvi_op *op, const struct kvi_ingest_mirror_pos *pos);
+
+/**
  * One registration's view of the index. Owned by the caller; fill the public
  * fields, then call kvi_ingest_target_init. Public fields may be changed
  * between calls by the owner thread (not while a call runs).
@@ -196,6 +219,9 @@ struct kvi_ingest_target {
     bool pub_applied;
     uint64_t applied1;
     uint64_t applied1_end;
+    kvi_ingest_mirror_fn mirror;      /* MIRROR hook, or NULL */
+    void *mirror_ctx;
+    struct kvi_ingest_mirror_pos mirror_pos; /* owner: seq, tag (and idx before a reset) */
     struct kvi_ingest_scratch *_s;    /* private: set by init */
 };
 

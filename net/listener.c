@@ -78,6 +78,9 @@
  */
 #include "net/listener_internal.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -659,6 +662,9 @@ static int cb_apply(void *ctx, uint64_t seq, const void *buf, size_t len)
     /* the ops publish W + 1 (before this batch), the batch's last one seq + 1 */
     l->tgt.applied1 = kvi_wm_next(&l->stream.wm);
     l->tgt.applied1_end = seq + 1;
+    l->tgt.mirror_pos.seq = seq;
+    if (l->tgt.mirror != NULL) /* the same bytes on every replica, others after an engine restart */
+        l->tgt.mirror_pos.tag = XXH3_64bits(buf, len);
     kvi_ingest_batch(&l->tgt, &b, t->prod);
     kvi_decoder_trim(t->dec); /* the ops own copies: the events are consumed */
     if (timing)
@@ -671,9 +677,14 @@ static void cb_clear(void *ctx)
 {
     struct listener *l = ctx;
     l->tgt.applied1 = kvi_wm_next(&l->stream.wm); /* after a restart: W unset, 0 */
+    /* a mirrored reset: at the live seq being handled (net/ingest.h) */
+    l->tgt.mirror_pos.seq = l->live_seq1 > 0 ? l->live_seq1 - 1 : 0;
+    l->tgt.mirror_pos.idx = 0;
     kvi_ingest_reset_rank(&l->tgt, l->dp_rank, l->thr->prod);
-    for (uint32_t i = 0; i < l->n_ranks; i++)
+    for (uint32_t i = 0; i < l->n_ranks; i++) {
+        l->tgt.mirror_pos.idx = i + 1;
         kvi_ingest_reset_rank(&l->tgt, l->ranks[i], l->thr->prod);
+    }
     pthread_mutex_lock(&l->lp->mu);
     l->n_ranks = 0;
     l->own_rank_seen = false;
@@ -941,6 +952,7 @@ static void handle_live(struct listener *l, int nf, uint64_t now)
     CTR(l, messages, 1);
     atomic_store_explicit(&l->pub_last_msg_ns, now, memory_order_relaxed); /* relaxed: DESIGN */
     CTR(l, bytes, zmq_msg_size(&t->fr[2]));
+    l->live_seq1 = seq + 1;
     kvi_stream_live(&l->stream, seq, &t->fr[2], now);
     after_stream(l);
 }

@@ -123,6 +123,7 @@
 
 #include "engine/index.h"
 #include "engine/writer.h"
+#include "net/ingest.h"
 #include "net/watermark.h"
 #include "engine/common.h"
 
@@ -252,6 +253,9 @@ struct kvi_listener_spec {
     bool exact_topic;             /* bind mode: frame 0 must equal topic (not just start with it) */
     bool seed_watermark;          /* start with W = watermark (kvi_listeners_seed) rather than unset */
     uint64_t watermark;           /* with seed_watermark */
+    kvi_ingest_mirror_fn mirror;  /* called for each index op made for this registration (net/ingest.h
+                                     MIRROR; pos.seq = the batch's seq), or NULL */
+    void *mirror_ctx;             /* must outlive the registration */
 };
 
 /** The key of a registration. */

@@ -91,6 +91,7 @@ struct listener {
     struct kvi_stream stream;
     struct kvi_ingest_target tgt;
     char tgt_name[96];
+    uint64_t live_seq1;  /* seq + 1 of the live message being handled, 0 = none yet (mirror resets) */
 
     /* counters and published state: written by the owner thread (and writers: sink) */
     struct kvi_stream_ctr ctr;

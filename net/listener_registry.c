@@ -303,6 +303,8 @@ int kvi_listeners_register(struct kvi_listeners *lp, const struct kvi_listener_s
         .sink = &l->sink,
         .ctr = &l->ictr,
         .pub_applied = true, /* the sink names the last batch applied, for /dump */
+        .mirror = s->mirror,
+        .mirror_ctx = s->mirror_ctx,
     };
     rc = kvi_ingest_target_init(&l->tgt);
     if (rc != 0) {

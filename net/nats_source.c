@@ -315,9 +315,11 @@ static void warn_decode(struct source *s, enum kvi_rev_err e)
 
 /*
  * Decode, order and apply one payload. redelivered: a JetStream message
- * delivered before (metadata NumDelivered > 1).
+ * delivered before (metadata NumDelivered > 1). sparse: the event ids
+ * increase with gaps by design (kvidx's bridge, net/nats_bridge.h: its
+ * Nats-Msg-Id starts with "kvb."), so a jump is not a gap.
  */
-static void handle(struct source *s, const void *data, size_t len, bool redelivered)
+static void handle(struct source *s, const void *data, size_t len, bool redelivered, bool sparse)
 {
     CTR_ADD(s, messages, 1);
     CTR_ADD(s, bytes, len);
@@ -359,7 +361,7 @@ static void handle(struct source *s, const void *data, size_t len, bool redelive
                          " to %" PRIu64 " (a restarted publisher): applied in stream order",
                          s->subject, ev.worker_id, ev.dp_rank,
                          atomic_load_explicit(&r->last_id, memory_order_relaxed), ev.event_id);
-        } else if (ev.event_id != atomic_load_explicit(&r->last_id, memory_order_relaxed) + 1) {
+        } else if (!sparse && ev.event_id != atomic_load_explicit(&r->last_id, memory_order_relaxed) + 1) {
             uint64_t last = atomic_load_explicit(&r->last_id, memory_order_relaxed);
             uint64_t lost = ev.event_id - last - 1;
             CTR_ADD(s, gaps, 1);
@@ -465,7 +467,7 @@ static void core_loop(struct source *s)
         natsMsg *m = NULL;
         natsStatus st = natsSubscription_NextMsg(&m, sub, POLL_MS);
         if (st == NATS_OK) {
-            handle(s, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), false);
+            handle(s, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), false, false);
             natsMsg_Destroy(m);
         } else if (st != NATS_TIMEOUT && st != NATS_SLOW_CONSUMER) {
             set_error(s, "receive: %s", natsStatus_GetText(st));
@@ -592,7 +594,9 @@ static void stream_batch(struct source *s, natsMsgList *list)
         }
         if (redelivered)
             CTR_ADD(s, redelivered, 1);
-        handle(s, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), redelivered);
+        const char *id = NULL;
+        bool sparse = natsMsgHeader_Get(m, "Nats-Msg-Id", &id) == NATS_OK && id != NULL && strncmp(id, "kvb.", 4) == 0;
+        handle(s, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), redelivered, sparse);
     }
     /* acked once applied: a crash before this point redelivers */
     kvi_producer_flush(s->prod);

@@ -877,15 +877,16 @@ static void test_workers_status_misc(void **state)
                    "\"listeners\":{\"0\":{\"endpoint\":\"tcp://h:3\",\"status\":\"paused\"}}}]");
 
     kvi_buf_reset(&b);
-    struct kvi_status_view st = {false, "waiting_for_min_initial_workers", false, false, NULL, 2, 1, 1, 0, 0, 0,
-                                  false, false, 0};
+    struct kvi_status_view st = {.reason = "waiting_for_min_initial_workers", .required_initial = 2,
+                                  .registered = 1, .pending = 1};
     assert_int_equal(kvi_dyn_encode_status(&st, &b), 0);
     assert_out(&b, "{\"ready\":false,\"reason\":\"waiting_for_min_initial_workers\","
                    "\"recovery\":{\"enabled\":false,\"in_progress\":false},"
                    "\"workers\":{\"required_initial\":2,\"registered\":1},"
                    "\"listeners\":{\"pending\":1,\"active\":0,\"paused\":0,\"failed\":0}}");
     kvi_buf_reset(&b);
-    struct kvi_status_view st2 = {true, "ready", true, false, "succeeded", 0, 3, 0, 3, 0, 0, false, false, 0};
+    struct kvi_status_view st2 = {.ready = true, .reason = "ready", .recovery_enabled = true,
+                                   .last_result = "succeeded", .registered = 3, .active = 3};
     assert_int_equal(kvi_dyn_encode_status(&st2, &b), 0);
     assert_out(&b, "{\"ready\":true,\"reason\":\"ready\","
                    "\"recovery\":{\"enabled\":true,\"in_progress\":false,\"last_result\":\"succeeded\"},"
@@ -893,13 +894,32 @@ static void test_workers_status_misc(void **state)
                    "\"listeners\":{\"pending\":0,\"active\":3,\"paused\":0,\"failed\":0}}");
     /* with --nats: the connection and the stream messages still to deliver */
     kvi_buf_reset(&b);
-    struct kvi_status_view st3 = {false, "nats_catching_up", false, false, NULL, 0, 0, 0, 0, 0, 0, true, true, 42};
+    struct kvi_status_view st3 = {.reason = "nats_catching_up", .has_nats = true, .nats_connected = true,
+                                   .nats_pending = 42};
     assert_int_equal(kvi_dyn_encode_status(&st3, &b), 0);
     assert_out(&b, "{\"ready\":false,\"reason\":\"nats_catching_up\","
                    "\"recovery\":{\"enabled\":false,\"in_progress\":false},"
                    "\"workers\":{\"required_initial\":0,\"registered\":0},"
                    "\"listeners\":{\"pending\":0,\"active\":0,\"paused\":0,\"failed\":0},"
                    "\"nats\":{\"connected\":true,\"pending\":42}}");
+    /* with --nats-publish: the bridge's stream, counters and each namespace's subject filter */
+    kvi_buf_reset(&b);
+    st3.has_bridge = true;
+    st3.bridge_stream = "KVB";
+    st3.bridge = (struct kvi_nats_bridge_stats){.events = 9, .acked = 7, .duplicates = 1, .errors = 2, .dropped = 0,
+                                                .queued = 1, .pending = 1, .skipped = 3, .stream_ready = true};
+    st3.bridge_ns[0] = (struct kvi_nats_bridge_ns_view){"m", "default", "KVB.6d.64656661756c74.>"};
+    st3.n_bridge_ns = 1;
+    assert_int_equal(kvi_dyn_encode_status(&st3, &b), 0);
+    assert_out(&b, "{\"ready\":false,\"reason\":\"nats_catching_up\","
+                   "\"recovery\":{\"enabled\":false,\"in_progress\":false},"
+                   "\"workers\":{\"required_initial\":0,\"registered\":0},"
+                   "\"listeners\":{\"pending\":0,\"active\":0,\"paused\":0,\"failed\":0},"
+                   "\"nats\":{\"connected\":true,\"pending\":42},"
+                   "\"nats_bridge\":{\"stream\":\"KVB\",\"stream_ready\":true,\"events\":9,\"acked\":7,"
+                   "\"duplicates\":1,\"errors\":2,\"dropped\":0,\"queued\":1,\"pending\":1,\"skipped\":3,"
+                   "\"namespaces_total\":1,\"namespaces\":[{\"model_name\":\"m\",\"tenant_id\":\"default\","
+                   "\"subject\":\"KVB.6d.64656661756c74.>\"}]}}");
 
     kvi_buf_reset(&b);
     assert_int_equal(kvi_dyn_encode_ready(true, "ready", &b), 0);

@@ -1,22 +1,21 @@
 /*
- * Test support: a model of what each (worker, dp_rank) holds, for the NATS
- * tests (kvidxd_nats_test.c, kvidxd_nats_cluster_test.c), and the check of
- * kvidxd's /dump against it. Every (worker, rank) holds a prefix of each
- * chain of the kvidxd fixture's corpus (block i of chain c: engine hash
- * kfx_hash(c, i), content hash kfx_content(c, i)).
- *
- * Defined in kvidxd_model.c (built into kvi_test_api). The functions fail
- * the test with cmocka: call them from the test's main thread only.
+ * The model of the kvidxd integration tests that compare /dump with what
+ * the engines published (kvidxd_nats_test.c, kvidxd_bridge_test.c,
+ * kvidxd_nats_cluster_test.c): which
+ * blocks of which chain (tests/api/kvidxd_fixture.h: kfx_hash, kfx_content)
+ * each (worker, dp_rank) holds, always a prefix of the chain.
+ * Functions fail the test through cmocka: main thread only.
  */
 #ifndef KVI_TESTS_API_KVIDXD_MODEL_H
 #define KVI_TESTS_API_KVIDXD_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "api/kvidxd_fixture.h"
 
-#define KMD_MAX_HELD 64
+#define KMD_MAX_HELD 256
 
 struct held {
     uint64_t w;
@@ -30,11 +29,21 @@ struct model {
     size_t n;
 };
 
-/* The entry of (worker w, rank r, chain c), added (holding nothing) when new; fails past KMD_MAX_HELD. */
+/* The entry of (worker, rank, chain), added (n = 0) when new. */
 struct held *held_of(struct model *m, uint64_t w, uint32_t r, uint32_t c);
 
-/* /dump's namespace @p ns_key (e.g. "\"m:t\"") equals the model: the same (worker, rank, block hash,
- * content hash) rows, compared sorted (at most 512); fails the test, printing the dump, otherwise. */
-void check_dump(const struct kfx_daemon *d, const struct model *m, const char *ns_key);
+/*
+ * Fail the test unless /dump's namespace @p ns_key ("\"model:tenant\"")
+ * holds exactly the model's (worker_id, dp_rank, block_hash, tokens_hash)
+ * rows (the body is printed on a mismatch). With @p quiet it returns
+ * whether they are equal instead of failing (for polling).
+ */
+bool check_dump_model(const struct kfx_daemon *d, const struct model *m, const char *ns_key, bool quiet);
+
+/* check_dump_model, failing the test on a mismatch. */
+static inline void check_dump(const struct kfx_daemon *d, const struct model *m, const char *ns_key)
+{
+    (void)check_dump_model(d, m, ns_key, false);
+}
 
 #endif
