@@ -3,14 +3,14 @@
 # build/fuzz and run each for a bounded time. Fails on any crash, hang,
 # leak, broken invariant or out-of-memory.
 #
-#   ci/fuzz.sh                  CI: 20 s per target (endpoint and router,
-#                               small parsers that saturate early: 10 s),
-#                               two at a time: about 70 s of fuzzing on 2
-#                               cores, about 2 minutes with a fresh build
+#   ci/fuzz.sh                  CI: 20 s per target (endpoint, router and
+#                               admin, small parsers that saturate early:
+#                               10 s), two at a time: about 75 s of fuzzing
+#                               on 2 cores, about 2 minutes with a fresh build
 #   ci/fuzz.sh --long SECONDS   every target for SECONDS
 #   ci/fuzz.sh [--long S] decode dump
 #                               only the targets named (decode, codec,
-#                               slots, dump, ingest, endpoint, router)
+#                               slots, dump, ingest, endpoint, router, admin)
 #
 # KVI_FUZZ_DIR=path builds and works elsewhere than build/fuzz. The build
 # uses -Werror when CI is set (or KVI_WERROR=ON), as ci/build.sh does.
@@ -28,17 +28,17 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --long) secs="${2:?--long needs a number of seconds}"; shift 2 ;;
     -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
-    decode|codec|slots|endpoint|dump|ingest|router) targets+=("$1"); shift ;;
+    decode|codec|slots|endpoint|dump|ingest|router|admin) targets+=("$1"); shift ;;
     *) echo "fuzz: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 # Listed longest first: two run at a time, in this order.
-if [ ${#targets[@]} -eq 0 ]; then targets=(decode codec slots dump ingest endpoint router); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(decode codec slots dump ingest endpoint router admin); fi
 if [ -n "$secs" ]; then
   case "$secs" in *[!0-9]*) echo "fuzz: --long takes whole seconds" >&2; exit 2 ;; esac
 fi
 # CI's seconds per target (the whole fuzz step stays under 2 minutes).
-ci_secs() { case "$1" in endpoint|router) echo 10 ;; *) echo 20 ;; esac; }
+ci_secs() { case "$1" in endpoint|router|admin) echo 10 ;; *) echo 20 ;; esac; }
 secs_of() { if [ -n "$secs" ]; then echo "$secs"; else ci_secs "$1"; fi; }
 
 # Every invariant of every target runs, fuzz_ingest's whole-table check
