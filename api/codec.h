@@ -296,11 +296,15 @@ int kvi_dyn_parse_peer(const void *body, size_t len, enum kvi_ctype ct, struct k
  * Errors: 400 (malformed, or neither a subject nor a stream), 422 (a field's type or range).
  * Strings point into the body or @p s. @return 0 or a negative errno with @p err filled.
  */
-/** POST /zmq/bind (@p unbind false) or /zmq/unbind ("endpoint" only). Returns as above. */
-int kvi_dyn_parse_zbind(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s, bool unbind,
-                        struct kvi_dyn_zbind *out, struct kvi_api_err *err);
 int kvi_dyn_parse_nats_source(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
                               struct kvi_dyn_nats_source *out, struct kvi_api_err *err);
+/**
+ * Parse POST /zmq/bind (@p unbind false: {"endpoint", "block_size"?}) or /zmq/unbind
+ * ({"endpoint"}). The endpoint is not checked here (the service binds it). Errors, strings and
+ * return as kvi_dyn_parse_nats_source.
+ */
+int kvi_dyn_parse_zbind(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s, bool unbind,
+                        struct kvi_dyn_zbind *out, struct kvi_api_err *err);
 int kvi_dyn_parse_listener_ctl(const void *body, size_t len, enum kvi_ctype ct,
                                struct kvi_scratch *s, struct kvi_dyn_listener_ctl *out,
                                struct kvi_api_err *err);
