@@ -424,7 +424,7 @@ static void test_http_bind_unbind(void **state)
     assert_false(kfx_get_has(&d, "/workers", 200, "pod-c"));
     assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_pods"), 0);
     for (int m = 1; m <= 2; m++) { /* a namespace goes with its last instance */
-        char model[8];
+        char model[16];
         snprintf(model, sizeof model, "m%d", m);
         char *q = kfx_query_json(model, 0, 3);
         struct kfx_resp r = {0};
