@@ -411,7 +411,8 @@ KVIDX_PUB_API void kvidx_pub_destroy(struct kvidx_pub *pub);
  * @return 0, -EINVAL (hashes NULL or n_hashes 0, tokens NULL with n_tokens > 0),
  *         -ENOMEM, or the error of an automatic flush (then the event was
  *         appended and given its id, and the batch was consumed as described
- *         at kvidx_pub_flush).
+ *         at kvidx_pub_flush; NATS: held for a retry, see Delivery). NATS
+ *         also: -ENOBUFS (nats_max_pending events held; not accepted).
  */
 KVIDX_PUB_API int kvidx_pub_publish_stored(struct kvidx_pub *pub, const uint64_t *hashes,
                                            size_t n_hashes, const uint64_t *parent,
