@@ -997,7 +997,11 @@ static natsConnection *fo_connect(const struct kvi_nats_server *srv, int n, jsCt
  *   - the front event's failed try is taken to have been stored (the test
  *     stores a copy with its Nats-Msg-Id once the server is back): the
  *     library's retry is acknowledged as a duplicate and not stored again;
- *   - after the backlog drained, a consumer reads every event once, in
+ *   - a second publisher (its own stream) with auto_flush 1 retries on each
+ *     publish call: every call during the outage returns -EIO with its event
+ *     accepted and held, and at its bound (3) the call tries one flush and
+ *     then refuses the event (-ENOBUFS);
+ *   - after the backlogs drained, a consumer reads every event once, in
  *     order, byte for byte, under its own Nats-Msg-Id.
  */
 static void test_jetstream_server_outage(void **state)
@@ -1026,6 +1030,16 @@ static void test_jetstream_server_outage(void **state)
     assert_non_null(p);
     uint64_t pid = kvidx_pub_nats_publisher_id(p);
     struct evlog lg = {.worker = 9, .rank = 1};
+    c.nats_stream = "fo-single-af";
+    c.worker_id = 10;
+    c.dp_rank = 0;
+    c.auto_flush = 1;
+    c.nats_max_pending = 3;
+    struct kvidx_pub *p2 = kvidx_pub_create(&c);
+    assert_non_null(p2);
+    struct evlog lg2 = {.worker = 10, .rank = 0};
+    assert_int_equal(fo_publish(p2, &lg2), 0);
+    assert_int_equal(fo_publish(p2, &lg2), 0);
 
     /* 10 events before the outage, flushed every 3 */
     for (int i = 0; i < 10; i++) {
@@ -1056,6 +1070,15 @@ static void test_jetstream_server_outage(void **state)
     assert_int_equal(st.retries, 1);
     assert_int_equal(st.next_event_id, 22);
     assert_int_equal(st.dropped, 0);
+    for (int i = 0; i < 3; i++) /* accepted, held: each call retries the front once */
+        assert_int_equal(fo_publish(p2, &lg2), -EIO);
+    assert_int_equal(kvidx_pub_pending(p2), 3);
+    assert_int_equal(fo_publish(p2, &lg2), -ENOBUFS); /* one more try, then refused */
+    kvidx_pub_get_stats(p2, &st);
+    assert_int_equal(st.send_errors, 4);
+    assert_int_equal(st.retries, 3);
+    assert_int_equal(st.batches_live, 2);
+    assert_int_equal(st.next_event_id, 5);
 
     /* back; the front event (10) as if its failed try had been stored */
     assert_int_equal(kvi_nats_server_resume(&srv), 0);
@@ -1076,6 +1099,13 @@ static void test_jetstream_server_outage(void **state)
     }
     fo_run(p, &lg, 18, 0);
     fo_drain(p);
+    fo_run(p2, &lg2, 3, 0);
+    fo_drain(p2);
+    fo_expect_stream(js, "fo-single-af", "fo-single-af.kv-events", &lg2,
+                     kvidx_pub_nats_publisher_id(p2));
+    kvidx_pub_get_stats(p2, &st);
+    assert_int_equal(st.batches_live, 8);
+    assert_int_equal(st.dropped, 0);
     kvidx_pub_get_stats(p, &st);
     assert_int_equal(st.next_event_id, 40);
     assert_int_equal(st.events, 40);
@@ -1094,9 +1124,11 @@ static void test_jetstream_server_outage(void **state)
                   st.send_errors, st.retries, st.duplicates, (double)(mono_ms() - t0) / 1000.0);
 
     kvidx_pub_destroy(p);
+    kvidx_pub_destroy(p2);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
     free(lg.want);
+    free(lg2.want);
     kvi_nats_server_stop(&srv);
 }
 
