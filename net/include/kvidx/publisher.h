@@ -28,8 +28,9 @@
  * Errors: functions returning int return 0 on success or a negative errno:
  * -EINVAL for a bad argument, -ENOMEM when memory ran out, -EIO when a ZMQ
  * call failed (the ZMQ errno is then available from kvidx_pub_last_error),
- * or a NATS call failed (then it holds the natsStatus). kvidx_pub_create
- * returns NULL with errno set.
+ * or a NATS call failed (then it holds the natsStatus); NATS also -ENOBUFS
+ * when a publisher holds nats_max_pending events (see "Delivery" in the
+ * NATS section). kvidx_pub_create returns NULL with errno set.
  *
  * Thread-safety: a publisher is used by one thread at a time (every function
  * taking a publisher, unless its comment says otherwise). Moving a publisher
