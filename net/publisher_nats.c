@@ -21,16 +21,28 @@
  * writes the socket); while libnats reconnects it keeps the messages in its
  * reconnect buffer. JetStream: js_Publish is a request waiting for the
  * stream's acknowledgement (nats_timeout_ms at most), so a flush blocks the
- * publishing thread for one round trip per event. kvp_nats_destroy waits up
- * to nats_timeout_ms for libnats to send what it buffered.
+ * publishing thread for one round trip per event, and for at most one
+ * nats_timeout_ms at the event that fails (it stops there). kvp_nats_destroy
+ * waits up to nats_timeout_ms for libnats to send what it buffered; what
+ * the queue still holds is discarded.
  *
- * Buffers. publish_* encode the event at once (the tokens must be hashed
- * while the caller's arrays are valid) into the batch buffer `buf`, one
- * after another, and note (offset, length, event_id) in `ev`. Flush sends
- * each as its own message: Core writes the envelope head and copies the
- * RouterEvent behind it into `msg`; JetStream sends the JSON from `buf` as
- * is. The three buffers keep their capacity from batch to batch (at most
- * that of the largest batch: no ring keeps old batches here).
+ * Buffers and delivery. publish_* encode the event at once (the tokens
+ * must be hashed while the caller's arrays are valid) into `buf`, one after
+ * another, and note (offset, length, event_id, failed tries) in `ev`: a
+ * FIFO of the events accepted and not yet published, oldest at index 0.
+ * Flush publishes from the front, each as its own message (Core writes the
+ * envelope head and copies the RouterEvent behind it into `msg`; JetStream
+ * sends the JSON from `buf` as is), and stops at the first transient
+ * failure: that event and the ones behind it stay, byte for byte, and the
+ * next flush starts with it again (same Nats-Msg-Id, which is derived from
+ * the event id, so JetStream drops a copy it already stored). What left the
+ * queue is then cut off the front (memmove of the rest: O(held) per flush
+ * that made progress, none while every try fails at the front). A message
+ * that can never be published (kvp_permanent) is dropped instead, and the
+ * flush goes on. The queue holds at most max_pending events (kvp_admit).
+ * Sequence numbers are given as messages leave the queue. The buffers keep
+ * their capacity while it stays under KVP_NATS_TRIM_BYTES, and are freed
+ * when the queue empties above it (after an outage's backlog).
  *
  * Library state. libnats initialises itself on first use; kvp_nats_destroy
  * does not call nats_Close, which would tear libnats down for every other
@@ -55,10 +67,13 @@
 #define KVP_NATS_MAX_AGE_NS (3600ll * 1000 * 1000 * 1000)
 /* "<u64>-<u32>-<u64>" */
 #define KVP_NATS_MSGID_MAX 96u /* four u64 and three dashes: 83 */
+/* Buffers above this are freed when the queue empties. */
+#define KVP_NATS_TRIM_BYTES ((size_t)1 << 20)
 
 struct kvp_nats_ev {
     size_t off, len;   /* in buf */
     uint64_t event_id;
+    uint32_t tries;    /* failed publishes so far */
 };
 
 struct kvp_nats {
@@ -73,14 +88,15 @@ struct kvp_nats {
     uint64_t publisher_id;
     uint32_t dp_rank;
     uint32_t auto_flush;
+    size_t max_pending;      /* bound on n_ev */
     int64_t timeout_ms;
 
     uint64_t next_seq, next_event_id, skip;
     int last_error;          /* natsStatus of the last -EIO */
 
-    uint8_t *buf;            /* encoded events of the batch */
+    uint8_t *buf;            /* encoded events held, oldest first */
     size_t len, cap;
-    struct kvp_nats_ev *ev;
+    struct kvp_nats_ev *ev;  /* the queue: [0, n_ev) */
     size_t n_ev, ev_cap;
     uint8_t *msg;            /* Core: envelope + payload of one message */
     size_t msg_cap;
@@ -88,6 +104,7 @@ struct kvp_nats {
     size_t th_cap;
 
     uint64_t st_batches, st_live, st_skipped, st_events, st_bytes, st_send_errors, st_raw;
+    uint64_t st_retries, st_dups, st_dropped;
 };
 
 /* ------------------------------------------------------------------------
@@ -285,6 +302,7 @@ int kvp_nats_create(const struct kvidx_pub_config *cfg, struct kvp_nats **out)
     n->publisher_id = cfg->nats_publisher_id ? cfg->nats_publisher_id : kvp_random_id();
     n->dp_rank = (uint32_t)cfg->dp_rank;
     n->auto_flush = cfg->auto_flush;
+    n->max_pending = cfg->nats_max_pending ? cfg->nats_max_pending : KVIDX_PUB_DEFAULT_NATS_MAX_PENDING;
     n->timeout_ms = cfg->nats_timeout_ms ? cfg->nats_timeout_ms : KVIDX_PUB_DEFAULT_NATS_TIMEOUT_MS;
     int e = 0;
     char *stream = NULL;
@@ -384,8 +402,27 @@ static enum kvp_re_enc kvp_enc(const struct kvp_nats *n)
     return n->transport == KVIDX_PUB_TRANSPORT_NATS_JETSTREAM ? KVP_RE_JSON : KVP_RE_MSGPACK;
 }
 
-/* Account the event written up to @p w; flush automatically when configured. */
-static int kvp_event_done(struct kvp_nats *n, uint8_t *w, uint64_t *event_id)
+/*
+ * Room for one more event under max_pending. With auto_flush, a full queue
+ * is flushed once first. *flushed receives that flush's result, or 1 when
+ * none was tried. @return 0, or -ENOBUFS (the queue is still full).
+ */
+static int kvp_admit(struct kvp_nats *n, int *flushed)
+{
+    *flushed = 1;
+    if (n->n_ev < n->max_pending)
+        return 0;
+    if (n->auto_flush)
+        *flushed = kvp_nats_flush(n, NULL);
+    return n->n_ev < n->max_pending ? 0 : -ENOBUFS;
+}
+
+/*
+ * Account the event written up to @p w and flush automatically when
+ * configured, unless @p flushed (from kvp_admit) says a flush failed in this
+ * call already (one wait per call): then its error is returned.
+ */
+static int kvp_event_done(struct kvp_nats *n, uint8_t *w, uint64_t *event_id, int flushed)
 {
     size_t end = (size_t)(w - n->buf);
     n->ev[n->n_ev++] = (struct kvp_nats_ev){.off = n->len, .len = end - n->len,
@@ -394,6 +431,8 @@ static int kvp_event_done(struct kvp_nats *n, uint8_t *w, uint64_t *event_id)
     if (event_id)
         *event_id = n->next_event_id;
     n->next_event_id++;
+    if (flushed < 0)
+        return flushed;
     if (n->auto_flush && n->n_ev >= n->auto_flush)
         return kvp_nats_flush(n, NULL);
     return 0;
@@ -408,7 +447,10 @@ int kvp_nats_stored(struct kvp_nats *n, const struct kvidx_pub_stored *ev, uint6
     size_t nb = ev->n_hashes;
     uint64_t seed = ev->lora_name ? kvp_re_seed(ev->lora_name, strlen(ev->lora_name))
                                   : n->lora_seed;
-    int rc = kvp_grow((void **)&n->th, &n->th_cap, nb, sizeof(*n->th));
+    int flushed;
+    int rc = kvp_admit(n, &flushed);
+    if (!rc)
+        rc = kvp_grow((void **)&n->th, &n->th_cap, nb, sizeof(*n->th));
     if (!rc)
         rc = kvp_reserve(n, kvp_re_stored_max(nb));
     if (rc)
@@ -418,29 +460,35 @@ int kvp_nats_stored(struct kvp_nats *n, const struct kvidx_pub_stored *ev, uint6
     struct kvp_re_head h = kvp_head(n, ev->medium ? ev->medium : n->medium);
     uint8_t *w = kvp_re_stored(n->buf + n->len, kvp_enc(n), &h, ev->parent_hash,
                                ev->block_hashes, n->th, nb);
-    return kvp_event_done(n, w, event_id);
+    return kvp_event_done(n, w, event_id, flushed);
 }
 
 int kvp_nats_removed(struct kvp_nats *n, const struct kvidx_pub_removed *ev, uint64_t *event_id)
 {
     if (!ev || !ev->block_hashes || ev->n_hashes == 0 || ev->n_hashes > UINT32_MAX)
         return -EINVAL;
-    int rc = kvp_reserve(n, kvp_re_removed_max(ev->n_hashes));
+    int flushed;
+    int rc = kvp_admit(n, &flushed);
+    if (!rc)
+        rc = kvp_reserve(n, kvp_re_removed_max(ev->n_hashes));
     if (rc)
         return rc;
     struct kvp_re_head h = kvp_head(n, ev->medium ? ev->medium : n->medium);
     uint8_t *w = kvp_re_removed(n->buf + n->len, kvp_enc(n), &h, ev->block_hashes, ev->n_hashes);
-    return kvp_event_done(n, w, event_id);
+    return kvp_event_done(n, w, event_id, flushed);
 }
 
 int kvp_nats_cleared(struct kvp_nats *n, uint64_t *event_id)
 {
-    int rc = kvp_reserve(n, kvp_re_cleared_max());
+    int flushed;
+    int rc = kvp_admit(n, &flushed);
+    if (!rc)
+        rc = kvp_reserve(n, kvp_re_cleared_max());
     if (rc)
         return rc;
     struct kvp_re_head h = kvp_head(n, n->medium);
     uint8_t *w = kvp_re_cleared(n->buf + n->len, kvp_enc(n), &h);
-    return kvp_event_done(n, w, event_id);
+    return kvp_event_done(n, w, event_id, flushed);
 }
 
 /* ------------------------------------------------------------------------
@@ -449,10 +497,14 @@ int kvp_nats_cleared(struct kvp_nats *n, uint64_t *event_id)
 
 /* Publish @p len bytes as one message: Core wraps them in the envelope with
  * sequence @p seq; JetStream sends them as they are, with @p msg_id as
- * Nats-Msg-Id when not NULL. Counts the bytes sent. */
+ * Nats-Msg-Id when not NULL, and sets *jerr (the stream's error code, 0 if
+ * none) and *dup (the ack said the stream held the id already). Counts the
+ * bytes sent. */
 static natsStatus kvp_send(struct kvp_nats *n, uint64_t seq, const void *data, size_t len,
-                           const char *msg_id)
+                           const char *msg_id, jsErrCode *jerr, bool *dup)
 {
+    *jerr = 0;
+    *dup = false;
     if (len > INT_MAX - KVP_RE_ENVELOPE_MAX)
         return NATS_MAX_PAYLOAD;
     natsStatus s;
@@ -461,8 +513,11 @@ static natsStatus kvp_send(struct kvp_nats *n, uint64_t seq, const void *data, s
         jsPubOptions po;
         jsPubOptions_Init(&po);
         po.MsgId = msg_id;
-        jsErrCode jerr = 0;
-        s = js_Publish(NULL, n->js, n->subject, data, (int)len, &po, &jerr);
+        jsPubAck *ack = NULL;
+        s = js_Publish(&ack, n->js, n->subject, data, (int)len, &po, jerr);
+        if (s == NATS_OK && ack)
+            *dup = ack->Duplicate;
+        jsPubAck_Destroy(ack);
     } else {
         if (kvp_grow((void **)&n->msg, &n->msg_cap, KVP_RE_ENVELOPE_MAX + len, 1))
             return NATS_NO_MEMORY;
@@ -478,25 +533,69 @@ static natsStatus kvp_send(struct kvp_nats *n, uint64_t seq, const void *data, s
     return s;
 }
 
+/* A failure no retry can cure: the message is too large (for the server or
+ * the stream) or refused as an invalid argument. Everything else (timeouts,
+ * no responders during an election, a closed or reconnecting connection, a
+ * full reconnect buffer, the stream's other errors) is worth a retry. */
+static bool kvp_permanent(natsStatus s, jsErrCode jerr)
+{
+    return s == NATS_MAX_PAYLOAD || s == NATS_INVALID_ARG ||
+           jerr == JSStreamMessageExceedsMaximumErr;
+}
+
+/* The front event leaves the queue (published, withheld or dropped): it
+ * takes the next sequence number. */
+static void kvp_leave(struct kvp_nats *n, uint64_t *seq)
+{
+    uint64_t s = n->next_seq++;
+    n->st_batches++;
+    n->st_events++;
+    if (seq)
+        *seq = s;
+}
+
+/* Cut the first @p done events (they left) off the queue; free large
+ * buffers once it is empty. */
+static void kvp_shift(struct kvp_nats *n, size_t done)
+{
+    if (done == n->n_ev) {
+        n->n_ev = 0;
+        n->len = 0;
+        if (n->cap > KVP_NATS_TRIM_BYTES) {
+            free(n->buf);
+            n->buf = NULL;
+            n->cap = 0;
+        }
+        if (n->ev_cap * sizeof(*n->ev) > KVP_NATS_TRIM_BYTES) {
+            free(n->ev);
+            n->ev = NULL;
+            n->ev_cap = 0;
+        }
+        return;
+    }
+    if (done == 0)
+        return;
+    size_t off0 = n->ev[done].off;
+    memmove(n->buf, n->buf + off0, n->len - off0);
+    n->len -= off0;
+    memmove(n->ev, n->ev + done, (n->n_ev - done) * sizeof(*n->ev));
+    n->n_ev -= done;
+    for (size_t i = 0; i < n->n_ev; i++)
+        n->ev[i].off -= off0;
+}
+
 int kvp_nats_flush(struct kvp_nats *n, uint64_t *seq)
 {
     if (seq)
         *seq = KVIDX_PUB_NO_SEQ;
-    natsStatus failed = NATS_OK;
-    for (size_t i = 0; i < n->n_ev; i++) {
-        const struct kvp_nats_ev *e = &n->ev[i];
-        uint64_t s = n->next_seq++;
-        n->st_batches++;
-        n->st_events++;
-        if (seq)
-            *seq = s;
-        if (failed != NATS_OK) {
-            n->st_send_errors++; /* lost with the batch after a failure */
-            continue;
-        }
+    int rc = 0;
+    size_t done = 0;
+    for (; done < n->n_ev; done++) {
+        struct kvp_nats_ev *e = &n->ev[done];
         if (n->skip) {
             n->skip--;
             n->st_skipped++;
+            kvp_leave(n, seq);
             continue;
         }
         char id[KVP_NATS_MSGID_MAX];
@@ -504,24 +603,35 @@ int kvp_nats_flush(struct kvp_nats *n, uint64_t *seq)
          * at 0 again, and must not be dropped as a duplicate of its predecessor */
         snprintf(id, sizeof(id), "%llu-%u-%llu-%llu", (unsigned long long)n->worker_id, n->dp_rank,
                  (unsigned long long)n->publisher_id, (unsigned long long)e->event_id);
-        natsStatus st = kvp_send(n, s, n->buf + e->off, e->len, id);
-        if (st != NATS_OK) {
-            failed = st;
-            kvp_fail(n, st);
+        if (e->tries)
+            n->st_retries++;
+        jsErrCode jerr;
+        bool dup;
+        natsStatus st = kvp_send(n, n->next_seq, n->buf + e->off, e->len, id, &jerr, &dup);
+        if (st == NATS_OK) {
+            n->st_live++;
+            n->st_dups += dup;
+            kvp_leave(n, seq);
             continue;
         }
-        n->st_live++;
+        rc = kvp_fail(n, st);
+        if (kvp_permanent(st, jerr)) {
+            n->st_dropped++;
+            kvp_leave(n, seq);
+            continue;
+        }
+        e->tries++;
+        break; /* it and the events behind it stay, in order, for the next flush */
     }
-    n->n_ev = 0;
-    n->len = 0;
-    return failed == NATS_OK ? 0 : -EIO;
+    kvp_shift(n, done);
+    return rc;
 }
 
 int kvp_nats_payload(struct kvp_nats *n, const void *payload, size_t len, uint64_t *seq)
 {
     int rc = kvp_nats_flush(n, NULL);
     if (rc)
-        return rc;
+        return rc; /* never ahead of an event */
     uint64_t s = n->next_seq++;
     n->st_batches++;
     if (seq)
@@ -531,7 +641,9 @@ int kvp_nats_payload(struct kvp_nats *n, const void *payload, size_t len, uint64
         n->st_skipped++;
         return 0;
     }
-    natsStatus st = kvp_send(n, s, payload, len, NULL);
+    jsErrCode jerr;
+    bool dup;
+    natsStatus st = kvp_send(n, s, payload, len, NULL, &jerr, &dup);
     if (st != NATS_OK)
         return kvp_fail(n, st);
     n->st_live++;
@@ -609,4 +721,7 @@ void kvp_nats_stats(const struct kvp_nats *n, struct kvidx_pub_stats *out)
     out->bytes = n->st_bytes;
     out->send_errors = n->st_send_errors;
     out->raw_messages = n->st_raw;
+    out->retries = n->st_retries;
+    out->duplicates = n->st_dups;
+    out->dropped = n->st_dropped;
 }

@@ -3,10 +3,10 @@
  * A 3-node JetStream cluster on loopback (tests/net/nats_server_fixture.h),
  * a stream replicated on all three (R3), kvidxd with --nats listing the
  * three servers and --nats-stream on it, and an engine publishing Dynamo
- * RouterEvent JSON with js_Publish and Nats-Msg-Id "<worker>-<rank>-<event>"
- * (as the C publisher's JetStream transport does), retrying a publish that
- * failed during the failover with the same id until the stream acknowledges
- * it:
+ * RouterEvent JSON with the C publisher library's JetStream transport (one
+ * publisher per worker, auto_flush 1, as an engine runs it), which holds a
+ * publish that failed during the failover and retries it, in order, with
+ * the same Nats-Msg-Id, on its next call or flush:
  *   - the stream's leader is killed (SIGKILL) mid-stream and restarted with
  *     its store while the engine keeps publishing; then the two other nodes
  *     in turn (one of them is kvidxd's server: it reconnects);
@@ -41,14 +41,13 @@
 #define PHASE_EVENTS 24
 #define PUB_DEADLINE_MS 45000
 
-/* ---- the engine: RouterEvent JSON through js_Publish, retried with its Nats-Msg-Id ---------- */
+/* ---- the engine: one C publisher (JetStream transport) per worker ---------------------------- */
 
 struct engine {
-    natsConnection *nc;
+    natsConnection *nc;                /* the test's own: the stream, its message count */
     jsCtx *js;
-    uint64_t next_id[N_WORKERS]; /* event_id per worker (rank 0) */
-    uint64_t published;          /* events acknowledged by the stream */
-    uint64_t retries;            /* publishes tried again after a failure */
+    struct kvidx_pub *pub[N_WORKERS];  /* worker 71 + k, rank 0 */
+    uint64_t published;                /* events the publishers accepted (gave an id) */
 };
 
 static void engine_open(struct engine *e, const struct kvi_nats_cluster *c)
@@ -66,7 +65,7 @@ static void engine_open(struct engine *e, const struct kvi_nats_cluster *c)
     natsOptions_Destroy(o);
     jsOptions jo;
     jsOptions_Init(&jo);
-    jo.Wait = 2000; /* one publish's wait for its acknowledgement */
+    jo.Wait = 2000;
     assert_int_equal(natsConnection_JetStream(&e->js, e->nc, &jo), NATS_OK);
     /* the stream, on all three nodes (Dynamo's subjects: <stream>.*) */
     jsStreamConfig sc;
@@ -86,56 +85,61 @@ static void engine_open(struct engine *e, const struct kvi_nats_cluster *c)
     if (s != NATS_OK)
         fail_msg("cannot create the R3 stream: %s (%d)", natsStatus_GetText(s), (int)jerr);
     jsStreamInfo_Destroy(si);
+    for (int k = 0; k < N_WORKERS; k++) {
+        struct kvidx_pub_config pc;
+        kvidx_pub_config_init(&pc);
+        pc.transport = KVIDX_PUB_TRANSPORT_NATS_JETSTREAM;
+        pc.nats_url = c->urls;
+        pc.nats_stream = STREAM;
+        pc.worker_id = 71 + (uint64_t)k;
+        pc.dp_rank = 0;
+        pc.auto_flush = 1;
+        pc.nats_timeout_ms = 2000; /* one publish's wait for its acknowledgement */
+        e->pub[k] = kvidx_pub_create(&pc);
+        if (!e->pub[k])
+            fail_msg("publisher %d: %s", k, strerror(errno));
+    }
 }
 
 static void engine_close(struct engine *e)
 {
+    for (int k = 0; k < N_WORKERS; k++)
+        kvidx_pub_destroy(e->pub[k]);
     jsCtx_Destroy(e->js);
     natsConnection_Destroy(e->nc);
 }
 
-/* Publish one RouterEvent of worker slot k until the stream acknowledges it (the same Nats-Msg-Id
- * every try: a try whose acknowledgement was lost is stored once). */
-static void engine_send(struct engine *e, int k, const char *json)
+/* Check a publish call's result: an accepted event (0, or -EIO: held for a retry) counts as
+ * published; -ENOBUFS (the library's bound) is flushed and tried again by the caller. */
+static bool engine_accepted(struct engine *e, int k, int rc, int64_t until)
 {
-    uint64_t w = 71 + (uint64_t)k, id = e->next_id[k]++;
-    char msg_id[64];
-    snprintf(msg_id, sizeof msg_id, "%" PRIu64 "-0-%" PRIu64, w, id);
-    jsPubOptions po;
-    jsPubOptions_Init(&po);
-    po.MsgId = msg_id;
-    int64_t until = kfx_now_ms() + PUB_DEADLINE_MS;
-    for (;;) {
-        jsErrCode jerr = 0;
-        jsPubAck *ack = NULL;
-        natsStatus s = js_Publish(&ack, e->js, STREAM ".kv-events", json, (int)strlen(json), &po, &jerr);
-        jsPubAck_Destroy(ack);
-        if (s == NATS_OK)
-            break;
-        if (kfx_now_ms() >= until)
-            fail_msg("event %s never stored: %s (%d)", msg_id, natsStatus_GetText(s), (int)jerr);
-        e->retries++;
-        kfx_nap(50);
+    if (rc == 0 || rc == -EIO) {
+        e->published++;
+        return true;
     }
-    e->published++;
+    if (rc != -ENOBUFS)
+        fail_msg("worker %d: publish failed: %d (%s)", k, rc, strerror(-rc));
+    if (kfx_now_ms() >= until)
+        fail_msg("worker %d: the publisher stayed full", k);
+    (void)kvidx_pub_flush(e->pub[k], NULL);
+    kfx_nap(50);
+    return false;
 }
 
 /* Worker slot k stores blocks [from, to) of chain c (one event), model updated. */
 static void engine_store(struct engine *e, struct model *m, int k, uint32_t c, uint32_t from, uint32_t to)
 {
-    char json[2048];
-    int n = snprintf(json, sizeof json,
-                     "{\"worker_id\":%d,\"storage_tier\":\"device\",\"event\":{\"event_id\":%" PRIu64
-                     ",\"dp_rank\":0,\"data\":{\"stored\":{\"parent_hash\":",
-                     71 + k, e->next_id[k]);
-    n += from == 0 ? snprintf(json + n, sizeof json - (size_t)n, "null")
-                   : snprintf(json + n, sizeof json - (size_t)n, "%" PRIu64, kfx_hash(c, from - 1));
-    n += snprintf(json + n, sizeof json - (size_t)n, ",\"blocks\":[");
+    uint64_t hashes[CHAIN_LEN], parent = from ? kfx_hash(c, from - 1) : 0;
+    uint32_t tokens[CHAIN_LEN * KFX_BS];
     for (uint32_t i = from; i < to; i++)
-        n += snprintf(json + n, sizeof json - (size_t)n, "%s{\"block_hash\":%" PRIu64 ",\"tokens_hash\":%" PRIu64 "}",
-                      i > from ? "," : "", kfx_hash(c, i), kfx_content(c, i));
-    snprintf(json + n, sizeof json - (size_t)n, "]}}}}");
-    engine_send(e, k, json);
+        hashes[i - from] = kfx_hash(c, i);
+    kfx_tokens(c, from, to - from, tokens);
+    int64_t until = kfx_now_ms() + PUB_DEADLINE_MS;
+    while (!engine_accepted(e, k,
+                            kvidx_pub_publish_stored(e->pub[k], hashes, to - from, from ? &parent : NULL,
+                                                     tokens, (to - from) * KFX_BS, KFX_BS, NULL),
+                            until)) {
+    }
     struct held *h = held_of(m, 71 + (uint64_t)k, 0, c);
     assert_int_equal(h->n, from);
     h->n = to;
@@ -145,15 +149,12 @@ static void engine_store(struct engine *e, struct model *m, int k, uint32_t c, u
 static void engine_remove(struct engine *e, struct model *m, int k, uint32_t c, uint32_t from)
 {
     struct held *h = held_of(m, 71 + (uint64_t)k, 0, c);
-    char json[2048];
-    int n = snprintf(json, sizeof json,
-                     "{\"worker_id\":%d,\"event\":{\"event_id\":%" PRIu64
-                     ",\"dp_rank\":0,\"data\":{\"removed\":{\"block_hashes\":[",
-                     71 + k, e->next_id[k]);
+    uint64_t hashes[CHAIN_LEN];
     for (uint32_t i = from; i < h->n; i++)
-        n += snprintf(json + n, sizeof json - (size_t)n, "%s%" PRIu64, i > from ? "," : "", kfx_hash(c, i));
-    snprintf(json + n, sizeof json - (size_t)n, "]}}}}");
-    engine_send(e, k, json);
+        hashes[i - from] = kfx_hash(c, i);
+    int64_t until = kfx_now_ms() + PUB_DEADLINE_MS;
+    while (!engine_accepted(e, k, kvidx_pub_publish_removed(e->pub[k], hashes, h->n - from, NULL), until)) {
+    }
     h->n = from;
 }
 
@@ -170,6 +171,36 @@ static void engine_run(struct engine *e, struct model *m, int count)
             engine_store(e, m, k, c, h->n, h->n + 2);
         else
             engine_remove(e, m, k, c, 1);
+    }
+}
+
+/* Flush every publisher until none holds an event (bounded: the stream has a leader again). */
+static void engine_drain(struct engine *e, const struct kvi_nats_cluster *c)
+{
+    int64_t until = kfx_now_ms() + PUB_DEADLINE_MS;
+    for (int k = 0; k < N_WORKERS; k++) {
+        while (kvidx_pub_flush(e->pub[k], NULL) != 0 || kvidx_pub_pending(e->pub[k]) != 0) {
+            if (kfx_now_ms() >= until) {
+                kvi_nats_cluster_dump_logs(c);
+                fail_msg("worker %d: %zu events never stored: %s", k, kvidx_pub_pending(e->pub[k]),
+                         kvidx_pub_last_error_text(e->pub[k]));
+            }
+            kfx_nap(100);
+        }
+    }
+}
+
+/* Publishes tried again after a failure, and acknowledged as already stored, over every worker;
+ * none may have been given up. */
+static void engine_stats(const struct engine *e, uint64_t *retries, uint64_t *dups)
+{
+    *retries = *dups = 0;
+    for (int k = 0; k < N_WORKERS; k++) {
+        struct kvidx_pub_stats st;
+        kvidx_pub_get_stats(e->pub[k], &st);
+        assert_int_equal(st.dropped, 0);
+        *retries += st.retries;
+        *dups += st.duplicates;
     }
 }
 
@@ -240,6 +271,7 @@ static void test_leader_killed_mid_stream(void **state)
     struct kfx_daemon d1, d2;
     start_kvidxd(&d1, &c, "kvidx-d1");
     engine_run(&e, &m, PHASE_EVENTS);
+    engine_drain(&e, &c);
     converge(&d1, &e, &m, &c);
 
     /* the stream's leader killed mid-stream; the engine keeps publishing through the election */
@@ -264,6 +296,7 @@ static void test_leader_killed_mid_stream(void **state)
         engine_run(&e, &m, PHASE_EVENTS / 2);
         assert_int_equal(kvi_nats_cluster_restart(&c, victim, 10000), 0);
     }
+    engine_drain(&e, &c);
     converge(&d1, &e, &m, &c);
     assert_true(kfx_metric(&d1, "kvidx_nats_reconnects_total") >= 1);
     /* nothing doubled: one message per event (the retried ones de-duplicated by their Nats-Msg-Id) */
@@ -272,9 +305,11 @@ static void test_leader_killed_mid_stream(void **state)
     /* a kvidxd started after the failure rebuilds the same index from the stream */
     start_kvidxd(&d2, &c, "kvidx-d2");
     converge(&d2, &e, &m, &c);
+    uint64_t retries, dups;
+    engine_stats(&e, &retries, &dups);
     print_message("leader kvidx-%d killed, kvidx-%d elected; %" PRIu64 " events, %" PRIu64
-                  " publishes retried; %.1f s\n",
-                  leader, next, e.published, e.retries, (double)(kfx_now_ms() - t0) / 1000.0);
+                  " publishes retried, %" PRIu64 " acknowledged as duplicates; %.1f s\n",
+                  leader, next, e.published, retries, dups, (double)(kfx_now_ms() - t0) / 1000.0);
 
     engine_close(&e);
     assert_int_equal(kfx_stop(&d1, SIGTERM, NULL), 0);

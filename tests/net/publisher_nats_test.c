@@ -13,9 +13,15 @@
  * RouterEvent; stored with and without parent, u64 hashes above 2^63,
  * removed, cleared; a LoRA changing tokens_hash; dp_rank 3; storage tiers;
  * a comma-separated server list; skip_live's event_id and sequence gap;
- * send_raw and publish_payload; a failed publish (over max_payload); JetStream stream creation and its config,
+ * send_raw and publish_payload; a message over max_payload dropped and the
+ * rest of its batch sent; JetStream stream creation and its config,
  * stream order, Nats-Msg-Id, JSON bytes, a restarted publisher's repeated
  * message ids dropped by the server; the stream-name helper; errors.
+ * Failover (JetStream): the only server stopped and resumed mid-stream
+ * (events held in order, the nats_max_pending bound and -ENOBUFS, a retry
+ * acknowledged as a duplicate), and a 3-node cluster whose stream leader is
+ * killed mid-stream and restarted: a consumer reads every event once, in
+ * order, byte for byte.
  *
  * No thread of the test asserts; every wait is bounded (NextMsg timeouts of
  * seconds). Core subscriptions are flushed to the server (a PING/PONG)
@@ -568,9 +574,10 @@ static void test_errors(void **state)
     kvidx_pub_destroy(p);
 }
 
-/* A message over the server's max_payload (1 MiB) fails the flush with -EIO
- * and the natsStatus; it and the rest of its batch are lost, ids and
- * sequence numbers consumed; the publisher goes on. */
+/* A message over the server's max_payload (1 MiB) can never be published:
+ * it is dropped (its id and sequence number consumed, counted in dropped),
+ * the rest of its batch goes out in order, and the flush returns -EIO with
+ * the natsStatus; nothing stays held. */
 static void test_core_send_error(void **state)
 {
     (void)state;
@@ -589,27 +596,32 @@ static void test_core_send_error(void **state)
     assert_int_equal(kvidx_pub_publish_stored(p, h, NB, NULL, tok, NB, 1, NULL), 0);
     assert_int_equal(kvidx_pub_publish_cleared(p, NULL), 0);
     uint64_t seq = 0;
+    int64_t t0 = now_wall_ms();
     assert_int_equal(kvidx_pub_flush(p, &seq), -EIO);
     assert_int_equal(seq, 1);
+    assert_int_equal(kvidx_pub_pending(p), 0);
     assert_int_equal(kvidx_pub_last_error(p), NATS_MAX_PAYLOAD);
     assert_string_equal(kvidx_pub_last_error_text(p), natsStatus_GetText(NATS_MAX_PAYLOAD));
-    int64_t t0 = now_wall_ms();
     assert_int_equal(kvidx_pub_publish_cleared(p, NULL), 0);
     assert_int_equal(kvidx_pub_flush(p, &seq), 0);
     int64_t t1 = now_wall_ms();
     assert_int_equal(seq, 2);
-    natsMsg *m = next_msg(sub);
-    struct ex ev;
-    ex_cleared(&ev, 1, "device", 2, 0);
-    expect_core(m, 2, t0, t1, &ev);
-    ex_free(&ev);
-    natsMsg_Destroy(m);
+    for (uint64_t i = 1; i <= 2; i++) {
+        natsMsg *m = next_msg(sub);
+        struct ex ev;
+        ex_cleared(&ev, 1, "device", i, 0);
+        expect_core(m, i, t0, t1, &ev);
+        ex_free(&ev);
+        natsMsg_Destroy(m);
+    }
     expect_quiet(sub);
     struct kvidx_pub_stats st;
     kvidx_pub_get_stats(p, &st);
     assert_int_equal(st.batches, 3);
-    assert_int_equal(st.batches_live, 1);
-    assert_int_equal(st.send_errors, 2);
+    assert_int_equal(st.batches_live, 2);
+    assert_int_equal(st.send_errors, 1);
+    assert_int_equal(st.dropped, 1);
+    assert_int_equal(st.retries, 0);
     free(h);
     free(tok);
     kvidx_pub_destroy(p);
@@ -788,6 +800,430 @@ static void test_jetstream(void **state)
     jsCtx_Destroy(js);
 }
 
+/* ------------------------------------------------------------------------
+ * JetStream failover: the engine keeps publishing while the stream is away
+ * ------------------------------------------------------------------------ */
+
+#define FO_DEADLINE_MS 45000 /* an outage's backlog drained, a consumer caught up */
+#define FO_TIMEOUT_MS 1000   /* the publisher's nats_timeout_ms: one failing try */
+
+static int64_t mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* What the engine published: the expected JSON of every accepted event, by
+ * event id, built independently of the library (js_head / js_cat). */
+struct evlog {
+    struct js *want;
+    size_t n, cap;
+    uint64_t worker;
+    uint32_t rank;
+};
+
+/*
+ * Publish event number evlog->n (a stored event with parent, a removed or a
+ * cleared, by turns; its hashes derived from the number). An accepted event
+ * (0, or -EIO from its automatic flush) must carry the next id and goes into
+ * the log; -ENOBUFS must leave the id counter alone. @return the call's rc.
+ */
+static int fo_publish(struct kvidx_pub *p, struct evlog *lg)
+{
+    if (lg->n == lg->cap) {
+        lg->cap = lg->cap ? lg->cap * 2 : 64;
+        lg->want = realloc(lg->want, lg->cap * sizeof(*lg->want));
+        assert_non_null(lg->want);
+    }
+    uint64_t k = lg->n;
+    struct js *w = &lg->want[k];
+    const uint64_t h[2] = {BIG1 + 2 * k, 2 * k + 1};
+    const uint64_t parent = BIG2 + k;
+    struct kvidx_pub_stats before;
+    kvidx_pub_get_stats(p, &before);
+    uint64_t id = UINT64_C(777777);
+    int rc;
+    js_head(w, lg->worker, "device", k);
+    switch (k % 3) {
+    case 0:
+        rc = kvidx_pub_publish_stored(p, h, 2, &parent, TOKENS, 8, 4, &id);
+        js_cat(w,
+               "{\"stored\":{\"parent_hash\":%" PRIu64 ",\"start_position\":null,\"blocks\":["
+               "{\"block_hash\":%" PRIu64 ",\"tokens_hash\":%" PRIu64 ",\"mm_extra_info\":null},"
+               "{\"block_hash\":%" PRIu64 ",\"tokens_hash\":%" PRIu64 ",\"mm_extra_info\":null}]}}",
+               parent, h[0], content_hash(TOKENS, 4, NULL), h[1], content_hash(TOKENS + 4, 4, NULL));
+        break;
+    case 1:
+        rc = kvidx_pub_publish_removed(p, h, 2, &id);
+        js_cat(w, "{\"removed\":{\"block_hashes\":[%" PRIu64 ",%" PRIu64 "]}}", h[0], h[1]);
+        break;
+    default:
+        rc = kvidx_pub_publish_cleared(p, &id);
+        js_cat(w, "\"cleared\"");
+        break;
+    }
+    js_tail(w, lg->rank);
+    struct kvidx_pub_stats after;
+    kvidx_pub_get_stats(p, &after);
+    if (rc == -ENOBUFS) {
+        assert_int_equal(id, 777777);
+        assert_int_equal(after.next_event_id, before.next_event_id);
+        return rc;
+    }
+    if (rc != 0 && rc != -EIO)
+        fail_msg("publish of event %" PRIu64 ": %d (%s)", k, rc, strerror(-rc));
+    assert_int_equal(id, k);
+    assert_int_equal(after.next_event_id, k + 1);
+    lg->n++;
+    return rc;
+}
+
+/* Publish @p count more events, accepted whatever happens: on -ENOBUFS flush
+ * and try again (bounded). @p nap between publishes, ms. */
+static void fo_run(struct kvidx_pub *p, struct evlog *lg, size_t count, long nap)
+{
+    int64_t until = mono_ms() + FO_DEADLINE_MS;
+    for (size_t target = lg->n + count; lg->n < target;) {
+        if (fo_publish(p, lg) == -ENOBUFS) {
+            if (mono_ms() > until)
+                fail_msg("the publisher stayed full for %d ms", FO_DEADLINE_MS);
+            (void)kvidx_pub_flush(p, NULL);
+            nap_ms(100);
+        } else if (nap) {
+            nap_ms(nap);
+        }
+    }
+}
+
+/* Flush until nothing is held (bounded: the stream comes back). */
+static void fo_drain(struct kvidx_pub *p)
+{
+    int64_t until = mono_ms() + FO_DEADLINE_MS;
+    int rc;
+    while ((rc = kvidx_pub_flush(p, NULL)) != 0 || kvidx_pub_pending(p) != 0) {
+        if (mono_ms() > until)
+            fail_msg("%zu events still held after %d ms: %s", kvidx_pub_pending(p),
+                     FO_DEADLINE_MS, kvidx_pub_last_error_text(p));
+        nap_ms(100);
+    }
+}
+
+/*
+ * Read @p stream back from the start with a consumer of its own: message i
+ * must be event i of the log (its JSON byte for byte, its Nats-Msg-Id, a
+ * stream sequence above the one before), and nothing after the last. @p js may have to wait for a
+ * stream leader (bounded).
+ */
+static void fo_expect_stream(jsCtx *js, const char *stream, const char *subject,
+                             const struct evlog *lg, uint64_t pub_id)
+{
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream;
+    so.Config.AckPolicy = js_AckNone;
+    so.Config.DeliverPolicy = js_DeliverAll;
+    natsSubscription *sub = NULL;
+    int64_t until = mono_ms() + FO_DEADLINE_MS;
+    natsStatus s;
+    jsErrCode jerr = 0;
+    while ((s = js_SubscribeSync(&sub, js, subject, NULL, &so, &jerr)) != NATS_OK &&
+           mono_ms() < until)
+        nap_ms(200);
+    if (s != NATS_OK)
+        fail_msg("no consumer on %s: %s (%d)", stream, natsStatus_GetText(s), (int)jerr);
+    uint64_t last_seq = 0;
+    for (size_t i = 0; i < lg->n; i++) {
+        natsMsg *m = NULL;
+        s = natsSubscription_NextMsg(&m, sub, FO_DEADLINE_MS);
+        if (s != NATS_OK)
+            fail_msg("stream %s: message %zu of %zu missing: %s", stream, i + 1, lg->n,
+                     natsStatus_GetText(s));
+        const char *id = NULL;
+        assert_int_equal(natsMsgHeader_Get(m, "Nats-Msg-Id", &id), NATS_OK);
+        char want_id[128];
+        snprintf(want_id, sizeof(want_id), "%" PRIu64 "-%" PRIu32 "-%" PRIu64 "-%zu", lg->worker,
+                 lg->rank, pub_id, i);
+        if (strcmp(id, want_id))
+            fail_msg("stream %s: message %zu is %s, want %s", stream, i + 1, id, want_id);
+        expect_bytes(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), lg->want[i].b,
+                     lg->want[i].n);
+        jsMsgMetaData *md = NULL;
+        assert_int_equal(natsMsg_GetMetaData(&md, m), NATS_OK);
+        assert_true(md->Sequence.Stream > last_seq);
+        last_seq = md->Sequence.Stream;
+        jsMsgMetaData_Destroy(md);
+        natsMsg_Destroy(m);
+    }
+    natsMsg *m = NULL;
+    assert_int_equal(natsSubscription_NextMsg(&m, sub, QUIET_MS), NATS_TIMEOUT);
+    natsSubscription_Unsubscribe(sub);
+    natsSubscription_Destroy(sub);
+}
+
+/* A client connection that reconnects quickly and for ever, and its JetStream context. */
+static natsConnection *fo_connect(const struct kvi_nats_server *srv, int n, jsCtx **js)
+{
+    const char *urls[KVI_NATS_CLUSTER_MAX];
+    for (int i = 0; i < n; i++)
+        urls[i] = srv[i].url;
+    natsOptions *o = NULL;
+    assert_int_equal(natsOptions_Create(&o), NATS_OK);
+    assert_int_equal(natsOptions_SetServers(o, urls, n), NATS_OK);
+    assert_int_equal(natsOptions_SetMaxReconnect(o, -1), NATS_OK);
+    assert_int_equal(natsOptions_SetReconnectWait(o, 100), NATS_OK);
+    natsConnection *nc = NULL;
+    assert_int_equal(natsConnection_Connect(&nc, o), NATS_OK);
+    natsOptions_Destroy(o);
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = 2000;
+    assert_int_equal(natsConnection_JetStream(js, nc, &jo), NATS_OK);
+    return nc;
+}
+
+/*
+ * The only server stops (SIGTERM) mid-stream and comes back on its port and
+ * store while the engine goes on publishing and flushing (no auto_flush):
+ *   - during the outage flush fails with -EIO and every event stays held,
+ *     in order; at nats_max_pending (12) a publish fails with -ENOBUFS and
+ *     gets no id; another flush keeps all 12;
+ *   - publish_payload does not overtake the held events (-EIO, not sent);
+ *   - the front event's failed try is taken to have been stored (the test
+ *     stores a copy with its Nats-Msg-Id once the server is back): the
+ *     library's retry is acknowledged as a duplicate and not stored again;
+ *   - a second publisher (its own stream) with auto_flush 1 retries on each
+ *     publish call: every call during the outage returns -EIO with its event
+ *     accepted and held, and at its bound (3) the call tries one flush and
+ *     then refuses the event (-ENOBUFS);
+ *   - after the backlogs drained, a consumer reads every event once, in
+ *     order, byte for byte, under its own Nats-Msg-Id.
+ */
+static void test_jetstream_server_outage(void **state)
+{
+    (void)state;
+    int64_t t0 = mono_ms();
+    struct kvi_nats_server srv;
+    int rc = kvi_nats_server_start(&srv, START_MS);
+    if (rc)
+        fail_msg("nats-server did not start: %s", strerror(-rc));
+    jsCtx *js = NULL;
+    natsConnection *nc = fo_connect(&srv, 1, &js);
+    const char *stream = "fo-single", *subject = "fo-single.kv-events";
+
+    struct kvidx_pub_config c;
+    kvidx_pub_config_init(&c);
+    c.transport = KVIDX_PUB_TRANSPORT_NATS_JETSTREAM;
+    c.nats_url = srv.url;
+    c.nats_stream = stream;
+    c.flags = KVIDX_PUB_F_NATS_CREATE_STREAM;
+    c.worker_id = 9;
+    c.dp_rank = 1;
+    c.nats_timeout_ms = FO_TIMEOUT_MS / 2; /* each try during the outage waits this long */
+    c.nats_max_pending = 12;
+    struct kvidx_pub *p = kvidx_pub_create(&c);
+    assert_non_null(p);
+    uint64_t pid = kvidx_pub_nats_publisher_id(p);
+    struct evlog lg = {.worker = 9, .rank = 1};
+    c.nats_stream = "fo-single-af";
+    c.worker_id = 10;
+    c.dp_rank = 0;
+    c.auto_flush = 1;
+    c.nats_max_pending = 3;
+    struct kvidx_pub *p2 = kvidx_pub_create(&c);
+    assert_non_null(p2);
+    struct evlog lg2 = {.worker = 10, .rank = 0};
+
+    /* 10 and 2 events before the outage, all stored (an acknowledgement slower than the
+     * timeout on a busy machine is retried; the checks below count from here) */
+    fo_run(p2, &lg2, 2, 0);
+    fo_drain(p2);
+    for (int i = 0; i < 10; i += 3) {
+        fo_run(p, &lg, i + 3 <= 10 ? 3 : 10 - (size_t)i, 0);
+        (void)kvidx_pub_flush(p, NULL);
+    }
+    fo_drain(p);
+    struct kvidx_pub_stats st0, st0b;
+    kvidx_pub_get_stats(p, &st0);
+    kvidx_pub_get_stats(p2, &st0b);
+
+    kvi_nats_server_pause(&srv);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(fo_publish(p, &lg), 0);
+    assert_int_equal(kvidx_pub_flush(p, NULL), -EIO);
+    assert_int_equal(kvidx_pub_pending(p), 5);
+    while (lg.n < 22)
+        assert_int_equal(fo_publish(p, &lg), 0);
+    assert_int_equal(kvidx_pub_pending(p), 12);
+    assert_int_equal(fo_publish(p, &lg), -ENOBUFS); /* full: refused, nothing changes */
+    assert_int_equal(kvidx_pub_flush(p, NULL), -EIO);
+    assert_int_equal(kvidx_pub_pending(p), 12);
+    assert_int_equal(fo_publish(p, &lg), -ENOBUFS);
+    struct kvidx_pub_stats st;
+    kvidx_pub_get_stats(p, &st);
+    assert_int_equal(st.events, 10);
+    assert_int_equal(st.batches_live, 10);
+    assert_int_equal(st.send_errors - st0.send_errors, 2);
+    assert_int_equal(st.retries - st0.retries, 1);
+    assert_int_equal(st.next_event_id, 22);
+    assert_int_equal(st.dropped, 0);
+    /* a caller's payload never overtakes a held event: not sent */
+    uint64_t seq = 99;
+    assert_int_equal(kvidx_pub_publish_payload(p, "{}", 2, &seq), -EIO);
+    assert_int_equal(seq, 99);
+    assert_int_equal(kvidx_pub_pending(p), 12);
+    for (int i = 0; i < 3; i++) /* accepted, held: each call retries the front once */
+        assert_int_equal(fo_publish(p2, &lg2), -EIO);
+    assert_int_equal(kvidx_pub_pending(p2), 3);
+    assert_int_equal(fo_publish(p2, &lg2), -ENOBUFS); /* one more try, then refused */
+    kvidx_pub_get_stats(p2, &st);
+    assert_int_equal(st.send_errors - st0b.send_errors, 4);
+    assert_int_equal(st.retries - st0b.retries, 3);
+    assert_int_equal(st.batches_live, 2);
+    assert_int_equal(st.next_event_id, 5);
+
+    /* back; the front event (10) as if its failed try had been stored */
+    assert_int_equal(kvi_nats_server_resume(&srv), 0);
+    char id10[128];
+    snprintf(id10, sizeof(id10), "9-1-%" PRIu64 "-10", pid);
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MsgId = id10;
+    int64_t until = mono_ms() + FO_DEADLINE_MS;
+    natsStatus s;
+    while ((s = js_Publish(NULL, js, subject, lg.want[10].b, (int)lg.want[10].n, &po, NULL)) !=
+               NATS_OK &&
+           mono_ms() < until)
+        nap_ms(100);
+    if (s != NATS_OK) {
+        kvi_nats_server_dump_log(&srv);
+        fail_msg("the server did not come back: %s", natsStatus_GetText(s));
+    }
+    fo_run(p, &lg, 18, 0);
+    fo_drain(p);
+    fo_run(p2, &lg2, 3, 0);
+    fo_drain(p2);
+    fo_expect_stream(js, "fo-single-af", "fo-single-af.kv-events", &lg2,
+                     kvidx_pub_nats_publisher_id(p2));
+    kvidx_pub_get_stats(p2, &st);
+    assert_int_equal(st.batches_live, 8);
+    assert_int_equal(st.dropped, 0);
+    kvidx_pub_get_stats(p, &st);
+    assert_int_equal(st.next_event_id, 40);
+    assert_int_equal(st.events, 40);
+    assert_int_equal(st.batches, 40);
+    assert_int_equal(st.batches_live, 40);
+    assert_int_equal(st.dropped, 0);
+    assert_true(st.retries >= 2);
+    assert_true(st.duplicates >= 1); /* event 10's retry, at least */
+    fo_expect_stream(js, stream, subject, &lg, pid);
+    jsStreamInfo *si = NULL;
+    assert_int_equal(js_GetStreamInfo(&si, js, stream, NULL, NULL), NATS_OK);
+    assert_int_equal(si->State.Msgs, 40);
+    jsStreamInfo_Destroy(si);
+    print_message("outage: 40 events once, in order; %" PRIu64 " failed publishes, %" PRIu64
+                  " retries, %" PRIu64 " duplicates; %.1f s\n",
+                  st.send_errors, st.retries, st.duplicates, (double)(mono_ms() - t0) / 1000.0);
+
+    kvidx_pub_destroy(p);
+    kvidx_pub_destroy(p2);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    free(lg.want);
+    free(lg2.want);
+    kvi_nats_server_stop(&srv);
+}
+
+/*
+ * A stream replicated on a 3-node JetStream cluster (R3); the publisher
+ * (auto_flush 1, as an engine runs it) lists the three servers. The stream
+ * leader is killed (SIGKILL) mid-stream while the engine keeps publishing,
+ * and restarted with its store: every event is in the stream once, in
+ * order, read back by a consumer.
+ */
+static void test_jetstream_cluster_leader_killed(void **state)
+{
+    (void)state;
+    int64_t t0 = mono_ms();
+    struct kvi_nats_cluster cl;
+    int rc = kvi_nats_cluster_start(&cl, 3, START_MS);
+    if (rc)
+        fail_msg("cluster did not start: %s", strerror(-rc));
+    jsCtx *js = NULL;
+    natsConnection *nc = fo_connect(cl.node, cl.n, &js);
+    const char *stream = "fo-r3", *subject = "fo-r3.kv-events";
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    sc.Name = stream;
+    const char *subjects[] = {"fo-r3.*"};
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.Storage = js_FileStorage;
+    sc.Replicas = 3;
+    jsErrCode jerr = 0;
+    natsStatus s;
+    int64_t until = mono_ms() + FO_DEADLINE_MS;
+    while ((s = js_AddStream(NULL, js, &sc, NULL, &jerr)) != NATS_OK && mono_ms() < until)
+        nap_ms(200); /* the meta group may still be settling */
+    if (s != NATS_OK)
+        fail_msg("cannot create the R3 stream: %s (%d)", natsStatus_GetText(s), (int)jerr);
+
+    struct kvidx_pub_config c;
+    kvidx_pub_config_init(&c);
+    c.transport = KVIDX_PUB_TRANSPORT_NATS_JETSTREAM;
+    c.nats_url = cl.urls;
+    c.nats_stream = stream;
+    c.worker_id = 31;
+    c.dp_rank = 0;
+    c.auto_flush = 1;
+    c.nats_timeout_ms = FO_TIMEOUT_MS;
+    struct kvidx_pub *p = kvidx_pub_create(&c);
+    assert_non_null(p);
+    struct evlog lg = {.worker = 31, .rank = 0};
+
+    fo_run(p, &lg, 20, 0);
+    int leader = kvi_nats_cluster_stream_leader(&cl, stream, 20000);
+    assert_true(leader >= 0);
+    int64_t t_kill = mono_ms();
+    kvi_nats_cluster_kill(&cl, leader);
+    fo_run(p, &lg, 20, 20); /* through the election */
+    assert_int_equal(kvi_nats_cluster_restart(&cl, leader, 20000), 0);
+    fo_run(p, &lg, 20, 0);
+    fo_drain(p);
+    double stall = (double)(mono_ms() - t_kill) / 1000.0;
+    struct kvidx_pub_stats st;
+    kvidx_pub_get_stats(p, &st);
+    assert_int_equal(st.next_event_id, 60);
+    assert_int_equal(st.batches_live, 60);
+    assert_int_equal(st.dropped, 0);
+    assert_true(st.retries >= 1); /* the leader's death was felt */
+    fo_expect_stream(js, stream, subject, &lg, kvidx_pub_nats_publisher_id(p));
+    jsStreamInfo *si = NULL;
+    until = mono_ms() + FO_DEADLINE_MS;
+    while ((s = js_GetStreamInfo(&si, js, stream, NULL, NULL)) != NATS_OK && mono_ms() < until)
+        nap_ms(200);
+    assert_int_equal(s, NATS_OK);
+    assert_int_equal(si->State.Msgs, 60);
+    jsStreamInfo_Destroy(si);
+    print_message("leader kvidx-%d killed: 60 events once, in order; %" PRIu64
+                  " failed publishes, %" PRIu64 " retries, %" PRIu64
+                  " duplicates; kill to drained %.1f s; %.1f s\n",
+                  leader, st.send_errors, st.retries, st.duplicates, stall,
+                  (double)(mono_ms() - t0) / 1000.0);
+
+    kvidx_pub_destroy(p);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    free(lg.want);
+    kvi_nats_cluster_stop(&cl);
+}
+
 /* ------------------------------------------------------------------------ */
 
 static int group_setup(void **state)
@@ -824,6 +1260,8 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_core_send_error),
         cmocka_unit_test(test_jetstream),
+        cmocka_unit_test(test_jetstream_server_outage),
+        cmocka_unit_test(test_jetstream_cluster_leader_killed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

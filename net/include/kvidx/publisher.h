@@ -28,8 +28,9 @@
  * Errors: functions returning int return 0 on success or a negative errno:
  * -EINVAL for a bad argument, -ENOMEM when memory ran out, -EIO when a ZMQ
  * call failed (the ZMQ errno is then available from kvidx_pub_last_error),
- * or a NATS call failed (then it holds the natsStatus). kvidx_pub_create
- * returns NULL with errno set.
+ * or a NATS call failed (then it holds the natsStatus); NATS also -ENOBUFS
+ * when a publisher holds nats_max_pending events (see "Delivery" in the
+ * NATS section). kvidx_pub_create returns NULL with errno set.
  *
  * Thread-safety: a publisher is used by one thread at a time (every function
  * taking a publisher, unless its comment says otherwise). Moving a publisher
@@ -196,6 +197,8 @@ enum kvidx_pub_transport {
 #define KVIDX_PUB_DEFAULT_NATS_URL "nats://localhost:4222"
 /** Default NATS timeout (connect, JetStream requests and acks, final flush), ms. */
 #define KVIDX_PUB_DEFAULT_NATS_TIMEOUT_MS 5000u
+/** Default bound on the events a NATS publisher holds unpublished (kvidx_pub_config.nats_max_pending). */
+#define KVIDX_PUB_DEFAULT_NATS_MAX_PENDING 100000u
 
 /** kvidx_pub_config.flags */
 enum kvidx_pub_flags {
@@ -294,6 +297,14 @@ struct kvidx_pub_config {
     uint64_t nats_publisher_id;
     /** ms; 0 (default): KVIDX_PUB_DEFAULT_NATS_TIMEOUT_MS. */
     uint32_t nats_timeout_ms;
+    /**
+     * The most events the publisher holds accepted but not yet published:
+     * those of the current batch plus those kept after a failed publish, to
+     * be retried (see "Delivery" in the NATS section below). A publish call
+     * that would exceed it fails with -ENOBUFS. 0 (default):
+     * KVIDX_PUB_DEFAULT_NATS_MAX_PENDING.
+     */
+    uint32_t nats_max_pending;
 };
 
 /**
@@ -339,6 +350,12 @@ struct kvidx_pub_stats {
     uint64_t replay_batches;    /**< batches sent in replay replies */
     uint64_t replay_dropped;    /**< reply batches withheld by the drop fault */
     uint64_t replay_buffered;   /**< batches in the replay ring now */
+    /* --- appended for the NATS transports (0 on ZMQ) --- */
+    uint64_t retries;           /**< publishes of a message whose earlier publish had failed */
+    uint64_t duplicates;        /**< JetStream acks saying the stream already held the message
+                                 *   (a retried one whose failed publish had in fact been stored) */
+    uint64_t dropped;           /**< messages given up because they can never be published
+                                 *   (over max_payload): their ids and sequence numbers consumed */
 };
 
 /** Replay faults (kvidx_pub_set_replay_faults); all zero = no fault. */
@@ -395,7 +412,8 @@ KVIDX_PUB_API void kvidx_pub_destroy(struct kvidx_pub *pub);
  * @return 0, -EINVAL (hashes NULL or n_hashes 0, tokens NULL with n_tokens > 0),
  *         -ENOMEM, or the error of an automatic flush (then the event was
  *         appended and given its id, and the batch was consumed as described
- *         at kvidx_pub_flush).
+ *         at kvidx_pub_flush; NATS: held for a retry, see Delivery). NATS
+ *         also: -ENOBUFS (nats_max_pending events held; not accepted).
  */
 KVIDX_PUB_API int kvidx_pub_publish_stored(struct kvidx_pub *pub, const uint64_t *hashes,
                                            size_t n_hashes, const uint64_t *parent,
@@ -461,7 +479,7 @@ KVIDX_PUB_API int kvidx_pub_flush_empty(struct kvidx_pub *pub, uint64_t *seq);
 KVIDX_PUB_API int kvidx_pub_publish_payload(struct kvidx_pub *pub, const void *payload,
                                             size_t len, uint64_t *seq);
 
-/** Number of events in the current (unflushed) batch. */
+/** Number of events in the current (unflushed) batch (NATS: every event held, see Delivery). */
 KVIDX_PUB_API size_t kvidx_pub_pending(const struct kvidx_pub *pub);
 
 /** Sequence number the next batch will carry (0 for a fresh publisher). */
@@ -520,26 +538,68 @@ KVIDX_PUB_API int kvidx_pub_offset_endpoint(const char *endpoint, int32_t rank, 
  *   libnats' global state stays for other users in the process.
  * kvidx_pub_publish_stored(_ex) also return -EINVAL when the event has no
  *   tokens to hash (see enum kvidx_pub_transport).
- * kvidx_pub_flush sends every event of the batch as its own message, in
- *   order; @p seq receives the sequence number of the last one. Core: it
- *   returns once libnats has queued them (its flusher thread sends them);
- *   JetStream: after the stream acknowledged each. At the first failed
- *   publish it stops: that event and the rest of the batch are lost (each
- *   counted in send_errors, their ids and sequence numbers consumed) and it
- *   returns -EIO with kvidx_pub_last_error = the natsStatus. A message
- *   larger than the server's max_payload (1 MiB by default: a stored event
- *   of about 18,000 blocks on Core, 11,000 on JetStream) fails so.
+ * Every publish_* call also returns -ENOBUFS when nats_max_pending events
+ *   are held already (see Delivery): the event is not accepted (no id is
+ *   given, *event_id is left alone) and nothing held changes. With
+ *   auto_flush > 0 the call first tries one flush to make room.
+ * kvidx_pub_flush publishes the held events one message each, oldest first,
+ *   and returns 0 once every one is published (Core: queued by libnats,
+ *   whose flusher thread sends it; JetStream: acknowledged by the stream),
+ *   or -EIO with kvidx_pub_last_error = the natsStatus of the last failure.
+ *   @p seq receives the sequence number of the last message that left the
+ *   queue in this call (published, withheld by skip_live or dropped), or
+ *   KVIDX_PUB_NO_SEQ. After -EIO, kvidx_pub_pending says whether events are
+ *   still held (a transient failure) or none (only drops).
+ * kvidx_pub_pending counts the held events: the current batch plus those
+ *   kept after a failed publish.
+ *
+ * Delivery (NATS). An event accepted by a publish_* call (0, or -EIO from
+ *   its automatic flush: it got its id) is held, encoded once, until it is
+ *   published; events leave in event_id order and none overtakes another.
+ *   When a publish fails (no server, no stream leader during an election,
+ *   no acknowledgement within nats_timeout_ms, the reconnect buffer full),
+ *   flush stops at that event: it and every later event stay held, with
+ *   their bytes, event ids and Nats-Msg-Ids, and the next flush (or the
+ *   next automatically flushing publish call) starts with it again. On
+ *   JetStream the retry carries the same Nats-Msg-Id, so if the failed try
+ *   was in fact stored (its acknowledgement lost, or sent later from
+ *   libnats' reconnect buffer) the stream drops the new copy (counted in
+ *   duplicates): the stream holds every event once, in order, as long as a
+ *   retry comes within the stream's duplicate window (2 minutes by
+ *   default). Sequence numbers are given when a message leaves the queue,
+ *   so a Core message retried keeps the numbering gap-free.
+ *   Only a message that can never be published is given up: larger than
+ *   the server's max_payload (1 MiB by default: a stored event of about
+ *   18,000 blocks on Core, 11,000 on JetStream) or refused by the stream as
+ *   too large (JetStream error 10054). It is dropped (counted in dropped
+ *   and send_errors, its id and sequence number consumed; consumers see an
+ *   event_id gap), the flush goes on with the next event, and returns -EIO.
+ *   The bound: at most nats_max_pending events are held (default 100,000;
+ *   the memory is their encoded size, about 100 bytes per block of a
+ *   stored event); a publish call beyond it fails with -ENOBUFS, so an
+ *   engine learns of a long outage and decides (wait and flush, or stop);
+ *   what was accepted is never dropped for room. Blocking: a flush waits
+ *   at most nats_timeout_ms per try and stops at the first transient
+ *   failure, so a flush during an outage costs at most one timeout (less
+ *   when the failure is immediate, e.g. no responders). kvidx_pub_destroy
+ *   discards what is still held (flush until kvidx_pub_pending is 0
+ *   first).
  * kvidx_pub_flush_empty returns -ENOTSUP (a RouterEvent holds one event).
  * kvidx_pub_publish_payload: Core: the caller's bytes as the envelope's
  *   payload, with the next sequence number; JetStream: the caller's bytes as
- *   the message, without Nats-Msg-Id.
+ *   the message, without Nats-Msg-Id. The held events are flushed first; if
+ *   that returns -EIO the payload is not sent (it never overtakes an event).
+ *   A payload whose own publish fails is not kept (-EIO).
  * kvidx_pub_endpoint returns the subject published to; kvidx_pub_replay_
  *   endpoint NULL; kvidx_pub_set_replay_faults -EINVAL (there is no replay).
  * kvidx_pub_last_error returns the natsStatus of the last -EIO.
  * kvidx_pub_get_stats: a "batch" is one message: batches counts messages
  *   flushed (sequence numbers consumed), batches_live those published,
  *   batches_skipped those withheld by kvidx_pub_skip_live; bytes counts the
- *   message data published (envelope or JSON); the replay counters are 0.
+ *   message data published (envelope or JSON); send_errors counts failed
+ *   publishes (each try), retries the tries of a message that had failed
+ *   before, duplicates and dropped as described at their fields; the
+ *   replay counters are 0.
  * ------------------------------------------------------------------------ */
 
 /**
