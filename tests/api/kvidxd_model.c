@@ -102,3 +102,35 @@ bool check_dump_model(const struct kfx_daemon *d, const struct model *m, const c
     kfx_resp_free(&r);
     return same;
 }
+
+struct npub npub_open(enum kvidx_pub_transport t, const char *url, const char *subject, const char *stream,
+                      uint64_t w, uint32_t r)
+{
+    struct kvidx_pub_config pc;
+    kvidx_pub_config_init(&pc);
+    pc.transport = t;
+    pc.nats_url = url;
+    pc.nats_subject = subject;
+    pc.nats_stream = stream;
+    pc.worker_id = w;
+    pc.dp_rank = (int32_t)r;
+    pc.flags = KVIDX_PUB_F_NATS_CREATE_STREAM;
+    struct npub n = {kvidx_pub_create(&pc), w, r};
+    assert_non_null(n.p);
+    return n;
+}
+
+void pub_store(struct npub *n, struct model *m, uint32_t c, uint32_t from, uint32_t to)
+{
+    kfx_publish(n->p, c, from, to, NULL);
+    struct held *h = held_of(m, n->w, n->r, c);
+    assert_int_equal(h->n, from);
+    h->n = to;
+}
+
+void pub_remove(struct npub *n, struct model *m, uint32_t c, uint32_t from)
+{
+    struct held *h = held_of(m, n->w, n->r, c);
+    kfx_unpublish(n->p, c, from, h->n);
+    h->n = from;
+}

@@ -40,46 +40,6 @@
 
 /* ---- publishers ------------------------------------------------------------------------------ */
 
-struct npub {
-    struct kvidx_pub *p;
-    uint64_t w;
-    uint32_t r;
-};
-
-static struct npub npub_open(enum kvidx_pub_transport t, const char *url, const char *subject, const char *stream,
-                             uint64_t w, uint32_t r)
-{
-    struct kvidx_pub_config pc;
-    kvidx_pub_config_init(&pc);
-    pc.transport = t;
-    pc.nats_url = url;
-    pc.nats_subject = subject;
-    pc.nats_stream = stream;
-    pc.worker_id = w;
-    pc.dp_rank = (int32_t)r;
-    pc.flags = KVIDX_PUB_F_NATS_CREATE_STREAM;
-    struct npub n = {kvidx_pub_create(&pc), w, r};
-    assert_non_null(n.p);
-    return n;
-}
-
-/* Store blocks [from, to) of chain c (one event), model updated. */
-static void pub_store(struct npub *n, struct model *m, uint32_t c, uint32_t from, uint32_t to)
-{
-    kfx_publish(n->p, c, from, to, NULL);
-    struct held *h = held_of(m, n->w, n->r, c);
-    assert_int_equal(h->n, from);
-    h->n = to;
-}
-
-/* Remove blocks [from, n) of chain c (one event), model updated. */
-static void pub_remove(struct npub *n, struct model *m, uint32_t c, uint32_t from)
-{
-    struct held *h = held_of(m, n->w, n->r, c);
-    kfx_unpublish(n->p, c, from, h->n);
-    h->n = from;
-}
-
 /* ---- checks against the model ---------------------------------------------------------------- */
 
 static uint64_t mp_get_u64(const msgpack_object *map, uint64_t key, bool *found)

@@ -36,144 +36,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "api/codec_dump.h"
 #include "api/kvidxd_fixture.h"
+#include "api/kvidxd_model.h"
 #include "net/nats_server_fixture.h"
 #include "net/nats_snapshot.h"
-
-#define MAX_HELD 32
-#define MAX_ROWS 512
-
-/* ---- the model: blocks [0, n) of chain c held by each (worker, rank) ---- */
-
-struct held {
-    uint64_t w;
-    uint32_t r, c, n;
-};
-
-struct model {
-    struct held h[MAX_HELD];
-    size_t n;
-};
-
-static struct held *held_of(struct model *m, uint64_t w, uint32_t r, uint32_t c)
-{
-    for (size_t i = 0; i < m->n; i++)
-        if (m->h[i].w == w && m->h[i].r == r && m->h[i].c == c)
-            return &m->h[i];
-    assert_true(m->n < MAX_HELD);
-    m->h[m->n] = (struct held){w, r, c, 0};
-    return &m->h[m->n++];
-}
-
-struct npub {
-    struct kvidx_pub *p;
-    uint64_t w;
-    uint32_t r;
-};
-
-static struct npub npub_open(const char *url, const char *stream, uint64_t w, uint32_t r)
-{
-    struct kvidx_pub_config pc;
-    kvidx_pub_config_init(&pc);
-    pc.transport = KVIDX_PUB_TRANSPORT_NATS_JETSTREAM;
-    pc.nats_url = url;
-    pc.nats_stream = stream;
-    pc.worker_id = w;
-    pc.dp_rank = (int32_t)r;
-    pc.flags = KVIDX_PUB_F_NATS_CREATE_STREAM;
-    struct npub n = {kvidx_pub_create(&pc), w, r};
-    assert_non_null(n.p);
-    return n;
-}
-
-static void pub_store(struct npub *n, struct model *m, uint32_t c, uint32_t from, uint32_t to)
-{
-    kfx_publish(n->p, c, from, to, NULL);
-    struct held *h = held_of(m, n->w, n->r, c);
-    assert_int_equal(h->n, from);
-    h->n = to;
-}
-
-static void pub_remove(struct npub *n, struct model *m, uint32_t c, uint32_t from)
-{
-    struct held *h = held_of(m, n->w, n->r, c);
-    kfx_unpublish(n->p, c, from, h->n);
-    h->n = from;
-}
-
-/* ---- /dump against the model (decoded with api/codec_dump.h) ---- */
-
-struct row {
-    uint64_t w, h, t;
-    uint32_t r;
-};
-
-struct rows {
-    const char *ns; /* "model:tenant" kept */
-    struct row r[MAX_ROWS];
-    size_t n;
-    bool other_op;
-};
-
-static int row_cmp(const void *a, const void *b)
-{
-    const struct row *x = a, *y = b;
-    if (x->w != y->w)
-        return x->w < y->w ? -1 : 1;
-    if (x->r != y->r)
-        return x->r < y->r ? -1 : 1;
-    if (x->h != y->h)
-        return x->h < y->h ? -1 : 1;
-    return x->t < y->t ? -1 : x->t > y->t;
-}
-
-static int on_rec(void *ctx, const struct kvi_dump_rec *rec)
-{
-    struct rows *rs = ctx;
-    char ns[256];
-    snprintf(ns, sizeof ns, "%.*s:%.*s", (int)rec->model.len, rec->model.p, (int)rec->tenant.len, rec->tenant.p);
-    if (strcmp(ns, rs->ns) != 0)
-        return 0;
-    if (rec->op != KVI_DUMP_STORED || rec->worker_named || rs->n == MAX_ROWS) {
-        rs->other_op = true;
-        return 0;
-    }
-    rs->r[rs->n++] = (struct row){rec->worker_id, rec->engine_hash, rec->content_hash, rec->dp_rank};
-    return 0;
-}
-
-static void check_dump(const struct kfx_daemon *d, const struct model *m, const char *ns)
-{
-    struct kfx_resp resp;
-    assert_int_equal(kfx_get(d, "/dump", &resp), 200);
-    struct rows *got = calloc(1, sizeof *got), *want = calloc(1, sizeof *want);
-    got->ns = ns;
-    struct kvi_dump_dec_cb cb = {NULL, on_rec, got, NULL};
-    struct kvi_dump_dec *dec = kvi_dump_dec_create(&cb);
-    assert_int_equal(kvi_dump_dec_feed(dec, resp.body, resp.len), 0);
-    assert_int_equal(kvi_dump_dec_finish(dec), 0);
-    kvi_dump_dec_destroy(dec);
-    assert_false(got->other_op);
-    for (size_t i = 0; i < m->n; i++)
-        for (uint32_t b = 0; b < m->h[i].n; b++) {
-            assert_true(want->n < MAX_ROWS);
-            want->r[want->n++] = (struct row){m->h[i].w, kfx_hash(m->h[i].c, b), kfx_content(m->h[i].c, b), m->h[i].r};
-        }
-    qsort(got->r, got->n, sizeof *got->r, row_cmp);
-    qsort(want->r, want->n, sizeof *want->r, row_cmp);
-    bool same = got->n == want->n;
-    for (size_t i = 0; i < got->n && same; i++)
-        same = row_cmp(&got->r[i], &want->r[i]) == 0;
-    if (!same) {
-        kfx_dump_log(d);
-        fail_msg("/dump of %s has %zu blocks, the model %zu (or they differ): %.1500s", ns, got->n, want->n,
-                 resp.body);
-    }
-    free(got);
-    free(want);
-    kfx_resp_free(&resp);
-}
 
 /* ---- metrics and NATS state ---- */
 
@@ -245,7 +111,8 @@ static void test_restart_from_snapshot(void **state)
     assert_int_equal(kvi_nats_server_start(&ns, 10000), 0);
     const char *stream = "snap-s";
     struct model m = {0};
-    struct npub p0 = npub_open(ns.url, stream, 51, 0), p1 = npub_open(ns.url, stream, 52, 1);
+    const enum kvidx_pub_transport jst = KVIDX_PUB_TRANSPORT_NATS_JETSTREAM;
+    struct npub p0 = npub_open(jst, ns.url, NULL, stream, 51, 0), p1 = npub_open(jst, ns.url, NULL, stream, 52, 1);
     pub_store(&p0, &m, 0, 0, 4);
     pub_store(&p1, &m, 1, 0, 6);
     pub_remove(&p0, &m, 0, 2);
@@ -264,7 +131,7 @@ static void test_restart_from_snapshot(void **state)
     assert_true(get_metric(&d, "kvidx_nats_snapshot_written_total", stream) >= 1);
     assert_true(get_metric(&d, "kvidx_nats_snapshot_raw_bytes", stream) >
                 get_metric(&d, "kvidx_nats_snapshot_bytes", stream));
-    check_dump(&d, &m, "m:t");
+    check_dump(&d, &m, "\"m:t\"");
     struct js j = js_open(ns.url);
     uint64_t first, last, msgs;
     stream_state(&j, stream, &first, &last, &msgs);
@@ -274,7 +141,7 @@ static void test_restart_from_snapshot(void **state)
     pub_store(&p0, &m, 3, 0, 5); /* seq 5 */
     wait_metric(&d, "kvidx_nats_snapshot_seq", stream, 5);
     wait_metric(&d, "kvidx_nats_snapshot_purged_below_seq", stream, 6);
-    check_dump(&d, &m, "m:t");
+    check_dump(&d, &m, "\"m:t\"");
 
     /* kill -9, then a tail only worker 51 publishes */
     assert_int_equal(kill(d.pid, SIGKILL), 0);
@@ -292,7 +159,7 @@ static void test_restart_from_snapshot(void **state)
     assert_true(get_metric(&d, "kvidx_nats_snapshot_loaded_blocks", stream) == 2 + 6 + 3 + 5);
     wait_metric(&d, "kvidx_nats_acked_total", stream, 3);
     assert_int_equal(get_metric(&d, "kvidx_nats_messages_total", stream), 3); /* the tail only */
-    check_dump(&d, &m, "m:t");
+    check_dump(&d, &m, "\"m:t\"");
     assert_int_equal(get_metric(&d, "kvidx_nats_publisher_restarts_total", stream), 0);
 
     /* worker 52 (silent since the restart) sends an old event_id: only the restored order state
@@ -309,7 +176,7 @@ static void test_restart_from_snapshot(void **state)
     wait_metric(&d, "kvidx_nats_acked_total", stream, 4);
     assert_int_equal(get_metric(&d, "kvidx_nats_publisher_restarts_total", stream), 1);
     assert_int_equal(get_metric(&d, "kvidx_nats_events_stale_total", stream), 0);
-    check_dump(&d, &m, "m:t");
+    check_dump(&d, &m, "\"m:t\"");
     /* and the restarted replica snapshots and purges on its own */
     wait_metric(&d, "kvidx_nats_snapshot_seq", stream, 9);
     wait_metric(&d, "kvidx_nats_snapshot_purged_below_seq", stream, 10);
@@ -327,7 +194,7 @@ static void test_restart_from_snapshot(void **state)
     wait_ready(&d);
     assert_int_equal(get_metric(&d, "kvidx_nats_snapshot_loaded_total", stream), 1);
     assert_int_equal(get_metric(&d, "kvidx_nats_messages_total", stream), 0);
-    check_dump(&d, &m, "m:t");
+    check_dump(&d, &m, "\"m:t\"");
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 
     /* a replica without --nats-snapshot cannot rebuild the purged history: it says so */
@@ -370,7 +237,7 @@ static void test_history_kept_and_fallback(void **state)
     assert_int_equal(kvi_nats_server_start(&ns, 10000), 0);
     const char *stream = "snap-c";
     struct model m = {0};
-    struct npub p0 = npub_open(ns.url, stream, 61, 0);
+    struct npub p0 = npub_open(KVIDX_PUB_TRANSPORT_NATS_JETSTREAM, ns.url, NULL, stream, 61, 0);
     pub_store(&p0, &m, 0, 0, 5);
     pub_store(&p0, &m, 1, 0, 2);
     pub_remove(&p0, &m, 0, 3); /* seq 3 */
@@ -391,7 +258,7 @@ static void test_history_kept_and_fallback(void **state)
     struct kfx_daemon d;
     kfx_start(&d, args, NULL);
     wait_metric(&d, "kvidx_nats_snapshot_seq", stream, 3);
-    check_dump(&d, &m, "m:t");
+    check_dump(&d, &m, "\"m:t\"");
     /* the laggard's ack floor (0) keeps everything */
     assert_int_equal(get_metric(&d, "kvidx_nats_snapshot_purges_total", stream), 0);
     uint64_t first, last, msgs;
@@ -424,7 +291,7 @@ static void test_history_kept_and_fallback(void **state)
     assert_true(kfx_log_has(&d, "does not load", "checksum mismatch", KFX_WAIT_MS));
     wait_metric(&d, "kvidx_nats_acked_total", stream, 3);
     assert_int_equal(get_metric(&d, "kvidx_nats_messages_total", stream), 3); /* the whole stream */
-    check_dump(&d, &m, "m:t");
+    check_dump(&d, &m, "\"m:t\"");
     /* the broken snapshot is replaced at the same sequence */
     wait_metric(&d, "kvidx_nats_snapshot_written_total", stream, 1);
     struct kvi_snap_manifest man2;
@@ -443,7 +310,7 @@ static void test_history_kept_and_fallback(void **state)
     wait_ready(&d);
     assert_int_equal(get_metric(&d, "kvidx_nats_snapshot_load_fallbacks_total", stream), 1);
     wait_metric(&d, "kvidx_nats_acked_total", stream, 4);
-    check_dump(&d, &m, "m:t");
+    check_dump(&d, &m, "\"m:t\"");
     assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
 
     kvStore_Destroy(kv);
@@ -461,7 +328,8 @@ static void test_two_writers(void **state)
     assert_int_equal(kvi_nats_server_start(&ns, 10000), 0);
     const char *stream = "snap-2";
     struct model m = {0};
-    struct npub p0 = npub_open(ns.url, stream, 71, 0), p1 = npub_open(ns.url, stream, 72, 0);
+    const enum kvidx_pub_transport jst = KVIDX_PUB_TRANSPORT_NATS_JETSTREAM;
+    struct npub p0 = npub_open(jst, ns.url, NULL, stream, 71, 0), p1 = npub_open(jst, ns.url, NULL, stream, 72, 0);
     char source[128];
     snprintf(source, sizeof source, "%s=m:t@%d", stream, KFX_BS);
     const char *args_a[] = {"--nats", ns.url, "--nats-stream", source, "--nats-durable", "ra", "--nats-snapshot",
@@ -493,7 +361,7 @@ static void test_two_writers(void **state)
     for (int k = 0; k < 2; k++) {
         struct kfx_daemon *d = k ? &b : &a;
         assert_int_equal(get_metric(d, "kvidx_nats_snapshot_failed_total", stream), 0);
-        check_dump(d, &m, "m:t");
+        check_dump(d, &m, "\"m:t\"");
     }
     assert_true(get_metric(&a, "kvidx_nats_snapshot_written_total", stream) +
                     get_metric(&b, "kvidx_nats_snapshot_written_total", stream) >= 4);
@@ -519,7 +387,7 @@ static void test_two_writers(void **state)
     wait_ready(&c);
     assert_int_equal(get_metric(&c, "kvidx_nats_snapshot_loaded_total", stream), 1);
     assert_int_equal(get_metric(&c, "kvidx_nats_messages_total", stream), 0);
-    check_dump(&c, &m, "m:t");
+    check_dump(&c, &m, "\"m:t\"");
     assert_int_equal(kfx_stop(&c, SIGTERM, NULL), 0);
     kvStore_Destroy(kv);
     js_close(&j);
