@@ -37,7 +37,7 @@
  *   older than --zmq-bind-idle-s is unregistered, its blocks removed, and
  *   forgotten (its topic may come back as a new pod).
  *
- *   Threads: zb->topics (a hash by topic: zb_unknown's lookup costs one
+ *   Threads: zb->topics (net/keyhash.h: zb_unknown's lookup costs one
  *   probe, not a scan over the endpoint's pods) under zb->mu (listener
  *   thread and control thread);
  *   svc->zp written by the control thread under svc->mu, read by /workers
@@ -49,12 +49,11 @@
 #include <string.h>
 #include <time.h>
 #include <zmq.h>
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include "api/service_internal.h"
 #include "engine/common.h"
 #include "net/decode.h"
+#include "net/keyhash.h"
 #include "net/log.h"
 
 #define ZB_PREFIX "kv@"
@@ -67,9 +66,7 @@ struct svc_zbind {
     bool open;                /* bound and taking pods: written under svc->mu and mu, read under either */
     pthread_mutex_t mu;       /* topics, block_size, open */
     uint32_t block_size;      /* 0 = learnt per model: written by the control thread under svc->mu and mu */
-    struct ztopic **topics;   /* pods registered or about to be: a hash by topic, n_buckets a power of
-                                 two (or 0), at most one topic per bucket on average */
-    size_t n_topics, n_buckets;
+    struct kvi_khash topics;  /* pods registered or about to be: struct ztopic by topic (net/keyhash.h) */
     struct kvi_decoder *dec;  /* zb_unknown (the endpoint's listener thread) only */
     _Atomic uint64_t bad_topic, refused, no_bs;
 };
@@ -91,77 +88,42 @@ struct zpod_job {
 
 /* ---- topics (zb->mu) -------------------------------------------------------------------------- */
 
-/* A topic of zb->topics (one allocation). */
+/* A topic of zb->topics (one allocation; node.key points at s). */
 struct ztopic {
-    struct ztopic *next;
-    size_t len;
+    struct kvi_khnode node;
     char s[];
 };
 
-static size_t topic_bucket(size_t n_buckets, const void *t, size_t len)
+static bool topic_known_locked(const struct svc_zbind *zb, const void *t, size_t len)
 {
-    return (size_t)XXH3_64bits(t, len) & (n_buckets - 1);
+    return kvi_khash_find(&zb->topics, t, len) != NULL;
 }
 
-/* The link that points at topic @p t, or NULL. */
-static struct ztopic **topic_find_locked(struct svc_zbind *zb, const void *t, size_t len)
-{
-    if (zb->n_buckets == 0)
-        return NULL;
-    for (struct ztopic **pp = &zb->topics[topic_bucket(zb->n_buckets, t, len)]; *pp != NULL; pp = &(*pp)->next)
-        if ((*pp)->len == len && memcmp((*pp)->s, t, len) == 0)
-            return pp;
-    return NULL;
-}
-
-/* Add topic @p t (not there), doubling the buckets (16 at first) to keep at most one topic per bucket. */
+/* Add topic @p t (not there). */
 static void topic_add_locked(struct svc_zbind *zb, const void *t, size_t len)
 {
-    if (zb->n_topics >= zb->n_buckets) {
-        size_t nb = zb->n_buckets ? 2 * zb->n_buckets : 16;
-        struct ztopic **tab = kvi_xcalloc(nb, sizeof *tab);
-        for (size_t i = 0; i < zb->n_buckets; i++)
-            for (struct ztopic *z = zb->topics[i], *next; z != NULL; z = next) {
-                next = z->next;
-                size_t k = topic_bucket(nb, z->s, z->len);
-                z->next = tab[k];
-                tab[k] = z;
-            }
-        free(zb->topics);
-        zb->topics = tab;
-        zb->n_buckets = nb;
-    }
     struct ztopic *z = kvi_xmalloc(sizeof *z + len + 1);
-    z->len = len;
     memcpy(z->s, t, len);
     z->s[len] = '\0';
-    size_t k = topic_bucket(zb->n_buckets, t, len);
-    z->next = zb->topics[k];
-    zb->topics[k] = z;
-    zb->n_topics++;
+    z->node.key = z->s;
+    z->node.len = len;
+    kvi_khash_add(&zb->topics, &z->node);
 }
 
 /* Forget every topic (the buckets stay). */
 static void topics_clear_locked(struct svc_zbind *zb)
 {
-    for (size_t i = 0; i < zb->n_buckets; i++)
-        while (zb->topics[i] != NULL) {
-            struct ztopic *z = zb->topics[i];
-            zb->topics[i] = z->next;
-            free(z);
-        }
-    zb->n_topics = 0;
+    for (struct kvi_khnode *x; (x = kvi_khash_pop(&zb->topics)) != NULL;)
+        free((char *)x - offsetof(struct ztopic, node));
 }
 
 static void topic_forget(struct svc_zbind *zb, const char *t)
 {
     pthread_mutex_lock(&zb->mu);
-    struct ztopic **pp = topic_find_locked(zb, t, strlen(t));
-    if (pp != NULL) {
-        struct ztopic *z = *pp;
-        *pp = z->next;
-        free(z);
-        zb->n_topics--;
+    struct kvi_khnode *x = kvi_khash_find(&zb->topics, t, strlen(t));
+    if (x != NULL) {
+        kvi_khash_del(&zb->topics, x);
+        free((char *)x - offsetof(struct ztopic, node));
     }
     pthread_mutex_unlock(&zb->mu);
 }
@@ -210,11 +172,11 @@ static bool zb_unknown(void *ctx, const char *endpoint, const void *topic, size_
     }
     uint32_t max = zb->svc->cfg.zbind_max_pods ? zb->svc->cfg.zbind_max_pods : KVI_SVC_DEFAULT_ZBIND_MAX_PODS;
     pthread_mutex_lock(&zb->mu);
-    bool known = topic_find_locked(zb, topic, len) != NULL;
+    bool known = topic_known_locked(zb, topic, len);
     bool ok = known;
     if (!zb->open) {
         ok = false; /* being closed (POST /zmq/unbind): no new pod */
-    } else if (!known && zb->n_topics >= max) {
+    } else if (!known && zb->topics.n >= max) {
         kvi_relaxed_add(&zb->refused, 1);
     } else if (!known) {
         uint32_t bs = zb->block_size ? zb->block_size : first_block_size(zb->dec, payload, plen);
@@ -531,7 +493,7 @@ void kvi_svc__zbind_free(struct kvi_service *svc)
     for (size_t i = 0; i < svc->n_zb; i++) {
         struct svc_zbind *zb = svc->zb[i];
         topics_clear_locked(zb);
-        free(zb->topics);
+        kvi_khash_fini(&zb->topics);
         if (zb->dec != NULL)
             kvi_decoder_destroy(zb->dec);
         pthread_mutex_destroy(&zb->mu);

@@ -480,7 +480,7 @@ static void bind_free(struct lis_thread *t, struct bind_ep *b)
         held_free(&b->held[i]);
     free(b->held);
     free(b->members);
-    free(b->xtab);
+    kvi_khash_fini(&b->xt);
     free(b->pfx);
     free(b->prefix);
     free(b->endpoint);
@@ -488,28 +488,6 @@ static void bind_free(struct lis_thread *t, struct bind_ep *b)
 }
 
 /* ---- a bind endpoint's members by topic (owner thread) ---- */
-
-static uint32_t xt_bucket(uint32_t cap, const void *topic, size_t len)
-{
-    return (uint32_t)XXH3_64bits(topic, len) & (cap - 1);
-}
-
-/* Double the exact-topic hash (16 buckets at first) and rehash its chains. */
-static void xt_grow(struct bind_ep *b)
-{
-    uint32_t cap = b->xcap ? 2 * b->xcap : 16;
-    struct listener **tab = kvi_xcalloc(cap, sizeof *tab);
-    for (uint32_t i = 0; i < b->xcap; i++)
-        for (struct listener *l = b->xtab[i], *next; l != NULL; l = next) {
-            next = l->xnext;
-            uint32_t k = xt_bucket(cap, l->topic, l->topic_len);
-            l->xnext = tab[k];
-            tab[k] = l;
-        }
-    free(b->xtab);
-    b->xtab = tab;
-    b->xcap = cap;
-}
 
 /* Add member @p l to the exact-topic hash (l->exact) or the prefix list. */
 static void members_index(struct bind_ep *b, struct listener *l)
@@ -522,12 +500,9 @@ static void members_index(struct bind_ep *b, struct listener *l)
         b->pfx[b->n_pfx++] = l;
         return;
     }
-    if (b->n_exact >= b->xcap)
-        xt_grow(b);
-    uint32_t k = xt_bucket(b->xcap, l->topic, l->topic_len);
-    l->xnext = b->xtab[k];
-    b->xtab[k] = l;
-    b->n_exact++;
+    l->xnode.key = l->topic;
+    l->xnode.len = l->topic_len;
+    kvi_khash_add(&b->xt, &l->xnode);
 }
 
 static void members_unindex(struct bind_ep *b, struct listener *l)
@@ -540,13 +515,7 @@ static void members_unindex(struct bind_ep *b, struct listener *l)
             }
         return;
     }
-    for (struct listener **pp = &b->xtab[xt_bucket(b->xcap, l->topic, l->topic_len)]; *pp != NULL;
-         pp = &(*pp)->xnext)
-        if (*pp == l) {
-            *pp = l->xnext;
-            b->n_exact--;
-            break;
-        }
+    kvi_khash_del(&b->xt, &l->xnode);
 }
 
 static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct listener *l)
@@ -573,10 +542,9 @@ static void bind_remove_member(struct lis_thread *t, struct bind_ep *b, struct l
  */
 static struct listener *bind_match(struct bind_ep *b, const void *topic, size_t len)
 {
-    if (b->n_exact > 0)
-        for (struct listener *m = b->xtab[xt_bucket(b->xcap, topic, len)]; m != NULL; m = m->xnext)
-            if (m->topic_len == len && memcmp(m->topic, topic, len) == 0)
-                return m;
+    struct kvi_khnode *x = kvi_khash_find(&b->xt, topic, len);
+    if (x != NULL)
+        return (struct listener *)((char *)x - offsetof(struct listener, xnode));
     struct listener *h = b->last_hit;
     struct listener *best = NULL;
     if (h != NULL && h->topic_len <= len && memcmp(h->topic, topic, h->topic_len) == 0) {

@@ -14,6 +14,7 @@
 
 #include "net/decode.h"
 #include "net/ingest.h"
+#include "net/keyhash.h"
 #include "net/listener.h"
 #include "net/replay.h"
 
@@ -68,7 +69,8 @@ struct listener {
     struct kvi_listeners *lp;
     struct listener *next, *prev; /* registry list, newest first: pool->mu */
     struct listener *hnext;       /* registry hash chain by (ix, instance, dp_rank): pool->mu */
-    struct listener *xnext;       /* bind mode, exact topic: its bind_ep's topic hash chain (owner thread) */
+    struct kvi_khnode xnode;      /* bind mode, exact topic: in its bind_ep's topic hash, key = topic
+                                   * (owner thread) */
 
     /* pool->mu */
     uint8_t state;
@@ -117,11 +119,9 @@ struct bind_ep {
     bool bound;
     struct listener **members;
     size_t n, cap;
-    /* how bind_match finds a member: the exact-topic members in a hash by topic (chained through
-     * xnext, xcap a power of two or 0, at most one member per bucket on average), the others
-     * (prefix topics) in pfx, scanned for the longest, last_hit tried first */
-    struct listener **xtab;
-    uint32_t xcap, n_exact;
+    /* how bind_match finds a member: the exact-topic members in a hash by topic (net/keyhash.h,
+     * their xnode), the others (prefix topics) in pfx, scanned for the longest, last_hit tried first */
+    struct kvi_khash xt;
     struct listener **pfx;
     size_t n_pfx, cap_pfx;
     struct listener *last_hit;
