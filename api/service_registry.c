@@ -101,6 +101,17 @@ static bool cond_key(char *out, struct kvi_str inst, struct kvi_str tenant, uint
     return true;
 }
 
+/* Store the JSON value in @p b under @p key (create: only if the key holds no value), then free @p b.
+ * @return 0, -ENOMEM (the value could not be built), or kvi_nats_kv_create's / _put's error. */
+static int store_json(struct kvi_service *svc, const char *key, struct kvi_buf *b, bool create)
+{
+    int rc = !kvi_buf_ok(b) ? -ENOMEM
+             : create       ? kvi_nats_kv_create(svc->registry, key, b->data, b->len)
+                            : kvi_nats_kv_put(svc->registry, key, b->data, b->len);
+    kvi_buf_free(b);
+    return rc;
+}
+
 bool kvi_svc__registry_on(const struct kvi_service *svc) { return svc->registry != NULL; /* control thread */ }
 
 int kvi_svc__registry_put_dyn(struct kvi_service *svc, const struct kvi_dyn_register *r)
@@ -130,9 +141,7 @@ int kvi_svc__registry_put_dyn(struct kvi_service *svc, const struct kvi_dyn_regi
         kvi_wr_str(&w, r->replay_endpoint.p, r->replay_endpoint.len);
     }
     kvi_wr_end(&w);
-    int rc = kvi_buf_ok(&b) ? kvi_nats_kv_create(svc->registry, key, b.data, b.len) : -ENOMEM;
-    kvi_buf_free(&b);
-    return rc;
+    return store_json(svc, key, &b, true);
 }
 
 int kvi_svc__registry_del_dyn(struct kvi_service *svc, struct kvi_str model, struct kvi_str tenant, uint64_t id,
@@ -198,9 +207,7 @@ int kvi_svc__registry_put_cond(struct kvi_service *svc, const struct kvi_cond_re
         kvi_wr_end(&w);
     }
     kvi_wr_end(&w);
-    int rc = kvi_buf_ok(&b) ? kvi_nats_kv_create(svc->registry, key, b.data, b.len) : -ENOMEM;
-    kvi_buf_free(&b);
-    return rc;
+    return store_json(svc, key, &b, true);
 }
 
 int kvi_svc__registry_del_cond(struct kvi_service *svc, struct kvi_str inst, struct kvi_str tenant, uint32_t rank)
@@ -253,9 +260,7 @@ int kvi_svc__registry_put_source(struct kvi_service *svc, const struct kvi_dyn_n
     kvi_wr_keyz(&w, "block_size");
     kvi_wr_u64(&w, r->block_size);
     kvi_wr_end(&w);
-    int rc = kvi_buf_ok(&b) ? kvi_nats_kv_put(svc->registry, key, b.data, b.len) : -ENOMEM;
-    kvi_buf_free(&b);
-    return rc;
+    return store_json(svc, key, &b, false);
 }
 
 /* A NATS source another replica stored: run it here too (sources are not removed). */
