@@ -394,14 +394,13 @@ size_t kvi_slot_workers_fit(const struct kvi_slots_worker *w, size_t n, size_t m
 int kvi_slot_encode_cursor(enum kvi_slot_listing what, const struct kvi_slots_pos *last,
                            struct kvi_buf *out)
 {
-    static const char hx[] = "0123456789abcdef";
     const char *str[2] = {last->key.model, last->key.tenant};
     size_t n[2] = {last->key.model_len, last->key.tenant_len};
     for (int k = 0; k < 2; k++) {
         for (size_t i = 0; i < n[k]; i++) {
-            unsigned char c = (unsigned char)str[k][i];
-            kvi_buf_putc(out, hx[c >> 4]);
-            kvi_buf_putc(out, hx[c & 15]);
+            char h[2];
+            kvi_hex_lower(h, str[k] + i, 1);
+            kvi_buf_put(out, h, 2);
         }
         kvi_buf_putc(out, '.');
     }

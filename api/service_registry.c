@@ -67,12 +67,7 @@
 /* Lower-case hex of s into out. @return the end of what was written. */
 static char *hex_put(char *out, struct kvi_str s)
 {
-    static const char hx[] = "0123456789abcdef";
-    for (size_t i = 0; i < s.len; i++) {
-        *out++ = hx[(uint8_t)s.p[i] >> 4];
-        *out++ = hx[(uint8_t)s.p[i] & 15];
-    }
-    return out;
+    return kvi_hex_lower(out, s.p, s.len);
 }
 
 /* `dyn.<hex model>.<hex tenant>.<id>.<rank>` into out (KEY_MAX). @return false when too long. */

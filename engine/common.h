@@ -99,6 +99,17 @@ static inline void *kvi_xrealloc_(void *old, size_t n, const char *file, int lin
 #define kvi_xcalloc(n, sz) kvi_xcalloc_((n), (sz), __FILE__, __LINE__)
 #define kvi_xrealloc(p, n) kvi_xrealloc_((p), (n), __FILE__, __LINE__)
 
+/** Lower-case hex of the @p n bytes at @p p into @p out (2n chars, no NUL). @return the end. */
+static inline char *kvi_hex_lower(char *out, const void *p, size_t n)
+{
+    static const char hx[] = "0123456789abcdef";
+    for (const unsigned char *c = p, *e = c + n; c < e; c++) {
+        *out++ = hx[*c >> 4];
+        *out++ = hx[*c & 15];
+    }
+    return out;
+}
+
 /** Index of the first element of the ascending @p a[0..n) that is >= @p v (n if none). */
 static inline uint32_t kvi_lower_bound_u32(const uint32_t *a, uint32_t n, uint32_t v)
 {

@@ -126,16 +126,11 @@ uint64_t kvi_nats_bridge_worker_id(const char *instance_name)
 /* Lower-case hex of @p s ("-" when empty) at @p w; returns the end. */
 static char *hex_token(char *w, const char *s)
 {
-    static const char d[] = "0123456789abcdef";
     if (*s == '\0') {
         *w++ = '-';
         return w;
     }
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        *w++ = d[*p >> 4];
-        *w++ = d[*p & 15];
-    }
-    return w;
+    return kvi_hex_lower(w, s, strlen(s));
 }
 
 /* A stream name: not empty, no '.', '*', '>', white space or '/' (JetStream's rules). */
