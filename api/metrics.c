@@ -519,6 +519,11 @@ static void render_zbind(const struct kvi_metrics_src *src, struct kvi_buf *b)
 {
     struct kvi_zbind_counters z;
     kvi_service_zbind_counters(src->svc, &z);
+    put_help(b, "kvidx_zmq_bind_endpoints", "gauge", "bind endpoints open now (--zmq-bind, POST /zmq/bind)");
+    put_u64(b, "kvidx_zmq_bind_endpoints", "", z.endpoints_open);
+    put_help(b, "kvidx_zmq_bind_endpoints_refused_total", "counter",
+             "POST /zmq/bind answered 429: the most bind endpoints kvidxd keeps are known");
+    put_u64(b, "kvidx_zmq_bind_endpoints_refused_total", "", z.endpoints_refused);
     put_help(b, "kvidx_zmq_bind_pods", "gauge", "--zmq-bind pods registered now");
     put_u64(b, "kvidx_zmq_bind_pods", "", z.pods);
     put_help(b, "kvidx_zmq_bind_pods_created_total", "counter", "--zmq-bind pods registered on their first message");

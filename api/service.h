@@ -126,6 +126,8 @@ struct kvi_zbind_counters {
     uint64_t pods_refused;    /* messages of a new pod past the per-endpoint bound, or whose
                                  namespace or registration could not be made: dropped */
     uint64_t no_block_size;   /* first messages of a new model without a BlockStored (and no flag): dropped */
+    uint64_t endpoints_open;  /* bind endpoints open now (--zmq-bind and POST /zmq/bind) */
+    uint64_t endpoints_refused; /* POST /zmq/bind answered 429: KVI_SVC_MAX_ZBINDS endpoints known */
 };
 
 

@@ -171,7 +171,7 @@ struct kvi_service {
     struct svc_zpod *zp;
     size_t n_zp, cap_zp;
     uint64_t zb_next_sweep_ns; /* control thread */
-    _Atomic uint64_t zb_created, zb_forgotten;
+    _Atomic uint64_t zb_created, zb_forgotten, zb_refused_endpoints;
 
     /* readiness (api/service.c) */
     _Atomic bool recovery_running;

@@ -435,6 +435,8 @@ int kvi_service_ctl_zbind_open(struct kvi_service *svc, const struct kvi_dyn_zbi
     bool fresh = zb == NULL;
     if (fresh && (zb = zb_add(svc, ep, r->block_size, false)) == NULL) {
         snprintf(why, sizeof why, "%d bind endpoints are known already", KVI_SVC_MAX_ZBINDS);
+        kvi_relaxed_add(&svc->zb_refused_endpoints, 1);
+        kvi_log_warn("zmq-bind %s: not opened: %s (open or closed, the flag's included)", ep, why);
         return kvi_dyn_err_zbind(err, 429, ep, why);
     }
     rc = zb_bind(svc, zb, r->block_size, !fresh);
@@ -507,13 +509,13 @@ void kvi_svc__zbind_free(struct kvi_service *svc)
 void kvi_service_zbind_counters(struct kvi_service *svc, struct kvi_zbind_counters *out)
 {
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock(&svc->mu);
-    out->pods = svc->n_zp;
-    pthread_mutex_unlock(&svc->mu);
     out->pods_created = atomic_load_explicit(&svc->zb_created, memory_order_relaxed);
     out->pods_forgotten = atomic_load_explicit(&svc->zb_forgotten, memory_order_relaxed);
+    out->endpoints_refused = atomic_load_explicit(&svc->zb_refused_endpoints, memory_order_relaxed);
     pthread_mutex_lock(&svc->mu);
+    out->pods = svc->n_zp;
     for (size_t i = 0; i < svc->n_zb; i++) {
+        out->endpoints_open += svc->zb[i]->open;
         out->bad_topic += atomic_load_explicit(&svc->zb[i]->bad_topic, memory_order_relaxed);
         out->pods_refused += atomic_load_explicit(&svc->zb[i]->refused, memory_order_relaxed);
         out->no_block_size += atomic_load_explicit(&svc->zb[i]->no_bs, memory_order_relaxed);

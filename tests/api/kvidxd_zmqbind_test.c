@@ -504,6 +504,36 @@ static void workers_have(const struct kfx_daemon *d, const char *needle)
     kfx_resp_free(&r);
 }
 
+/* At most KVI_SVC_MAX_ZBINDS (16) bind endpoints, open or closed: the 17th POST /zmq/bind is 429,
+ * counted and logged, and one closed does not free its place. */
+static void test_endpoint_limit(void **state)
+{
+    (void)state;
+    struct kfx_daemon d;
+    const char *args[] = {"--zmq-bind-idle-s", "0", NULL};
+    kfx_start(&d, args, NULL);
+    char ep[128];
+    for (int i = 0; i < 16; i++) {
+        snprintf(ep, sizeof ep, "ipc:///tmp/kvidx-zblimit-%d-%d", (int)getpid(), i);
+        assert_int_equal(http_bind(&d, "/zmq/bind", ep, 4), 201);
+    }
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_endpoints"), 16);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_endpoints_refused_total"), 0);
+    snprintf(ep, sizeof ep, "ipc:///tmp/kvidx-zblimit-%d-16", (int)getpid());
+    assert_int_equal(http_bind(&d, "/zmq/bind", ep, 4), 429);
+    assert_true(kfx_log_has(&d, "not opened", "16 bind endpoints are known already", 5000));
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_endpoints_refused_total"), 1);
+    char first[128];
+    snprintf(first, sizeof first, "ipc:///tmp/kvidx-zblimit-%d-0", (int)getpid());
+    assert_int_equal(http_bind(&d, "/zmq/unbind", first, 0), 200);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_endpoints"), 15);
+    assert_int_equal(http_bind(&d, "/zmq/bind", ep, 4), 429); /* a closed endpoint keeps its place */
+    assert_int_equal(http_bind(&d, "/zmq/bind", first, 4), 201); /* and may open again */
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_endpoints"), 16);
+    assert_int_equal(kfx_metric(&d, "kvidx_zmq_bind_endpoints_refused_total"), 2);
+    assert_int_equal(kfx_stop(&d, SIGTERM, NULL), 0);
+}
+
 /*
  * vLLM's wire form, as llm-d runs it: three Python publishers (pyzmq +
  * msgpack, PUB connected, topic kv@<pod>@<model>, seq 8-byte big-endian,
@@ -669,6 +699,7 @@ int main(void)
         cmocka_unit_test_teardown(test_pods_models_bad_topic_restart, teardown),
         cmocka_unit_test_teardown(test_learnt_block_size_and_idle_pod, teardown),
         cmocka_unit_test_teardown(test_http_bind_unbind, teardown),
+        cmocka_unit_test_teardown(test_endpoint_limit, teardown),
         cmocka_unit_test_teardown(test_vllm_wire_form, teardown),
         cmocka_unit_test_teardown(test_full_endpoint_flood, teardown),
     };
