@@ -358,9 +358,12 @@ void kvi_index_remove_instance(struct kvi_index *ix, uint32_t instance);
  * writer only: the partition's writer): its prefix-key table, and its seq
  * table when it keeps one, are resized now, and entry storage for that many
  * entries is allocated with its pages touched, so that stores up to that
- * size neither rehash those tables nor fault in fresh pages. A capacity hint
- * only: the index still grows past it, and tables shrink again as removals
- * empty them.
+ * size neither rehash those tables nor fault in fresh pages. A capacity
+ * hint, and a floor: the index still grows past it, and removals never
+ * shrink those tables below it (they rebuild nothing while a pool fills,
+ * drains and fills again). A later call sets a new floor, which may be lower
+ * (removals then shrink the tables to it); @p entries 0 drops the floor and
+ * allocates nothing. Entry storage once allocated is kept.
  * @return 0, or -EINVAL (no such partition, or more entries than a partition
  *         can hold).
  */
@@ -370,7 +373,9 @@ int kvi_index_reserve(struct kvi_index *ix, uint32_t part, uint64_t entries);
  * Pre-size the engine-hash map of slot (@p instance, @p dp_rank, @p tier) for
  * @p blocks holdings, creating the slot (holding nothing) when it does not
  * exist yet (single writer only: the writer of the instance's partition).
- * A capacity hint, as kvi_index_reserve.
+ * A capacity hint and a floor, as kvi_index_reserve (an AllBlocksCleared
+ * keeps it: the map's next array has the reserved size); it ends with the
+ * slot (kvi_index_remove_dp_rank, kvi_index_remove_instance).
  * @return 0, or -EINVAL (unknown instance, invalid tier, or too many blocks).
  */
 int kvi_index_reserve_slot(struct kvi_index *ix, uint32_t instance, uint32_t dp_rank, enum kvi_tier tier,

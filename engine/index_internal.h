@@ -155,6 +155,11 @@ struct kvi_tab {
 
 struct kvi_table {
     _Atomic(struct kvi_tab *) t; /* R: published with release */
+    /* W: the capacity a reservation (kvi_index_reserve, _reserve_slot) asked
+     * for, 0 if none: the table's first array has it, and removals never
+     * shrink the table below it, so that a pool that fills, drains and
+     * fills again rebuilds nothing up to its reserved size */
+    uint32_t floor;
 };
 
 /* A worker slot: (instance, dp_rank, tier). */

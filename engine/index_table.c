@@ -221,7 +221,7 @@ void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kv
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL) {
-        kvi_ix__tab_rehash(p, c, tb, 16);
+        kvi_ix__tab_rehash(p, c, tb, tb->floor > 16 ? tb->floor : 16);
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     } else if (t->used >= t->grow_at) { /* (used + 1) / cap > 3/4 */
         uint32_t cap = t->mask + 1;
@@ -241,7 +241,7 @@ void kvi_ix__tab_room(struct kvi_part *p, const struct tab_ctx *c, struct kvi_ta
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t != NULL && (uint64_t)t->used + m <= t->grow_at)
         return;
-    uint64_t live = t != NULL ? t->live : 0, cap = t != NULL ? (uint64_t)t->mask + 1 : 16;
+    uint64_t live = t != NULL ? t->live : 0, cap = t != NULL ? (uint64_t)t->mask + 1 : tb->floor > 16 ? tb->floor : 16;
     if (t != NULL && (live + 1) * 2 > cap)
         cap *= 2; /* as kvi_ix__tab_insert_t: grow, or else purge at the same size */
     while (live + m > cap / TAB_MAX_LOAD_DEN * TAB_MAX_LOAD_NUM)
@@ -255,7 +255,8 @@ void kvi_ix__tab_room(struct kvi_part *p, const struct tab_ctx *c, struct kvi_ta
  * a free one ends its probe run: it is freed rather than tombstoned, and so
  * are the tombstones before it (no lookup needs to pass them: the writer
  * alone inserts, and a lookup that stops there would have stopped at the
- * free slot after). Shrinks when mostly empty. Writer. */
+ * free slot after). Shrinks when mostly empty, never below the table's
+ * reserved floor. Writer. */
 static void tab_delete_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint32_t tag, uint32_t idx)
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
@@ -282,8 +283,13 @@ static void tab_delete_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi
         break;
     }
     uint32_t cap = t->mask + 1;
-    if (cap > 64 && (uint64_t)t->live * 8 < cap)
-        kvi_ix__tab_rehash(p, c, tb, cap / 4 > 16 ? cap / 4 : 16);
+    if (cap > 64 && (uint64_t)t->live * 8 < cap) {
+        uint32_t to = cap / 4 > 16 ? cap / 4 : 16;
+        if (to < tb->floor)
+            to = tb->floor;
+        if (to < cap)
+            kvi_ix__tab_rehash(p, c, tb, to);
+    }
 }
 
 void kvi_ix__tab_free_now(struct kvi_part *p, struct kvi_table *tb)

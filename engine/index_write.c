@@ -578,12 +578,15 @@ static uint64_t tab_cap_for(uint64_t live)
     return cap;
 }
 
-/* Resize tb (of kind c->kind) to hold `live` keys, pages touched. */
+/* Resize tb (of kind c->kind) to hold `live` keys, pages touched, and keep
+ * it at least that large from now on (its floor; `live` 0 drops the floor,
+ * and a lower one lets later removals shrink the table to it). */
 static void tab_reserve(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t live)
 {
     uint64_t cap = tab_cap_for(live);
+    tb->floor = live == 0 ? 0 : (uint32_t)cap;
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
-    if (t == NULL || cap > (uint64_t)t->mask + 1)
+    if (live > 0 && (t == NULL || cap > (uint64_t)t->mask + 1))
         kvi_ix__tab_rehash(p, c, tb, (uint32_t)cap);
 }
 
@@ -607,7 +610,7 @@ int kvi_index_reserve(struct kvi_index *ix, uint32_t part, uint64_t entries)
     if (stab_on(p))
         tab_reserve(p, &sc, &p->stab, entries);
     /* entry chunks through index `entries` (index 0 is never an entry) */
-    uint32_t last = (uint32_t)((entries + KVI_ENTRY_CHUNK) >> KVI_ENTRY_CHUNK_SHIFT); /* chunks needed */
+    uint32_t last = entries == 0 ? 0 : (uint32_t)((entries + KVI_ENTRY_CHUNK) >> KVI_ENTRY_CHUNK_SHIFT);
     for (uint32_t c = 0; c < last; c++)
         if (atomic_load_explicit(&p->chunks[c], memory_order_relaxed) == NULL)
             kvi_ix__chunk_alloc(p, c);

@@ -2471,6 +2471,74 @@ static void test_reserve(void **state)
 }
 
 /*
+ * A reservation is a floor: the partition's key table and the slot's map
+ * keep their reserved size while the pool drains (block by block, or all at
+ * once by AllBlocksCleared) and fills again, so that nothing is rebuilt up
+ * to the reserved size; the same cycle without a reservation rebuilds (the
+ * tables shrink as they empty, then grow), and so does it once the floor is
+ * dropped (kvi_index_reserve with 0 entries).
+ */
+static uint64_t floor_cycle(struct kvi_index *ix, uint32_t w, const struct kvi_block *b, const uint64_t *eh, size_t n)
+{
+    struct kvi_index_stats s0, s1;
+    kvi_index_stats(ix, &s0);
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, n), 0);
+    for (size_t i = n; i-- > 0;) /* tail first, as engines evict */
+        assert_int_equal(kvi_index_remove(ix, w, 0, KVI_TIER_GPU, &eh[i], 1), 1);
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, n), 0);
+    kvi_index_clear(ix, w);
+    assert_int_equal(kvi_index_store(ix, w, 0, KVI_TIER_GPU, false, 0, b, n), 0);
+    kvi_index_stats(ix, &s1);
+    assert_int_equal(s1.holdings, n);
+    assert_int_equal(s1.entries, n);
+    return s1.table_rebuilds - s0.table_rebuilds;
+}
+
+static void test_reserve_floor(void **state)
+{
+    (void)state;
+    enum { N = 2000 };
+    struct kvi_block *b = calloc(N, sizeof *b);
+    uint64_t *eh = xalloc_u64(N);
+    assert_non_null(b);
+    for (uint32_t i = 0; i < N; i++) {
+        eh[i] = 0xe000 + i;
+        b[i] = (struct kvi_block){eh[i], 9000 + i};
+    }
+    struct kvi_index_config cfg = {.block_size = 16, .n_parts = 2, .key_seed = 3};
+    /* no reservation: the cycle rebuilds */
+    struct kvi_index *ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    uint32_t w = (uint32_t)kvi_index_intern_instance(ix, 1, NULL, false);
+    assert_int_not_equal(floor_cycle(ix, w, b, eh, N), 0);
+    kvi_index_destroy(ix);
+    /* reserved for the pool: the first fill and every refill rebuild nothing */
+    ix = kvi_index_create(&cfg);
+    assert_non_null(ix);
+    w = (uint32_t)kvi_index_intern_instance(ix, 1, NULL, false);
+    uint32_t part = kvi_index_partition_of(ix, w);
+    assert_int_equal(kvi_index_reserve(ix, part, N), 0);
+    assert_int_equal(kvi_index_reserve_slot(ix, w, 0, KVI_TIER_GPU, N), 0);
+    struct kvi_tab *kt = atomic_load(&ix->parts[part].ktab.t);
+    assert_int_equal(floor_cycle(ix, w, b, eh, N), 0);
+    assert_int_equal(floor_cycle(ix, w, b, eh, N), 0);
+    assert_ptr_equal(atomic_load(&ix->parts[part].ktab.t), kt);
+    struct kvi_match m[2];
+    kvi_rcu_read_lock();
+    size_t r = kvi_index_find_matches(ix, (const uint64_t[]){9000, 9001, 9002}, 3, m, 2);
+    kvi_rcu_read_unlock();
+    assert_int_equal(r, 1);
+    assert_int_equal(m[0].depth, 3);
+    /* the floor dropped (key table) and a fresh slot without one: rebuilds again */
+    assert_int_equal(kvi_index_reserve(ix, part, 0), 0);
+    kvi_index_remove_dp_rank(ix, w, 0);
+    assert_int_not_equal(floor_cycle(ix, w, b, eh, N), 0);
+    kvi_index_destroy(ix);
+    free(eh);
+    free(b);
+}
+
+/*
  * Table rebuild counters (kvi_index_stats.table_rebuild_*): a chain stored
  * 100 blocks at a time grows the key table and the slot's map alike. A run's
  * first block is inserted alone (its parent is not this store's: the table
@@ -3023,6 +3091,7 @@ int main(void)
         cmocka_unit_test(test_child_list_unlink),
         cmocka_unit_test(test_store_rename_then_reuse_name),
         cmocka_unit_test(test_reserve),
+        cmocka_unit_test(test_reserve_floor),
         cmocka_unit_test(test_rebuild_counters),
         cmocka_unit_test(test_new_index_memory),
         cmocka_unit_test(test_seq_hash_at_two_depths),
