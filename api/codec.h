@@ -199,8 +199,11 @@ struct kvi_dyn_register {
     struct kvi_str additional_salt; /* accepted and ignored (alias additionalsalt) */
     uint32_t block_size;            /* > 0 */
     uint32_t dp_rank;               /* 0 when absent */
+    uint64_t capacity_blocks;       /* the rank's KV block pool (kvidx extension): > 0 when
+                                     * has_capacity; pre-sizes the index (api/service_capacity.c) */
     bool has_replay;
     bool has_salt;
+    bool has_capacity;
 };
 
 /** POST /unregister (§1.6). */
@@ -433,6 +436,7 @@ struct kvi_listener_view {
     bool has_last_message;               /* false: "seconds_since_last_message":null */
     uint64_t seconds_since_last_message; /* whole seconds */
     int8_t connected;                    /* 1 true, 0 false, -1 null (not monitored) */
+    uint64_t capacity_blocks;            /* as registered (kvidx extension); 0 = key omitted */
 };
 
 struct kvi_worker_view {

@@ -454,6 +454,7 @@ static const char *dyn_expect(const struct kvi_field *f)
     case KVI_FK_U64: return "u64";
     case KVI_FK_U32: return "u32";
     case KVI_FK_U32_NZ: return "a nonzero u32";
+    case KVI_FK_U64_NZ: return "a nonzero u64";
     case KVI_FK_TOKENS:
     case KVI_FK_HASHES: return "a sequence";
     default: return "a string";
@@ -472,12 +473,14 @@ static int parse_int_field(struct kvi_pctx *c, const struct kvi_field *f, void *
         int r = kvi_rd_num(&c->rd, &n);
         if (r < 0)
             return body_err(c);
-        uint64_t max = f->kind == KVI_FK_U64 ? UINT64_MAX : UINT32_MAX;
-        if (r != 0 || n.neg || n.mag > max || (f->kind == KVI_FK_U32_NZ && n.mag == 0)) {
+        bool wide = f->kind == KVI_FK_U64 || f->kind == KVI_FK_U64_NZ;
+        bool nz = f->kind == KVI_FK_U32_NZ || f->kind == KVI_FK_U64_NZ;
+        uint64_t max = wide ? UINT64_MAX : UINT32_MAX;
+        if (r != 0 || n.neg || n.mag > max || (nz && n.mag == 0)) {
             c->rd = save;
             return dyn_bad_value(c, f->name, dyn_expect(f));
         }
-        if (f->kind == KVI_FK_U64)
+        if (wide)
             *(uint64_t *)((char *)out + f->off) = n.mag;
         else
             *(uint32_t *)((char *)out + f->off) = (uint32_t)n.mag;
@@ -733,6 +736,7 @@ static int parse_value(struct kvi_pctx *c, const struct kvi_field *f, void *out)
     case KVI_FK_U64:
     case KVI_FK_U32:
     case KVI_FK_U32_NZ:
+    case KVI_FK_U64_NZ:
     case KVI_FK_POS_U32:
     case KVI_FK_RANK: return parse_int_field(c, f, out);
     case KVI_FK_STR: return parse_str_field(c, f, (struct kvi_str *)((char *)out + f->off));

@@ -28,6 +28,8 @@ static const struct kvi_field reg_fields[] = {
     F("replay_endpoint", KVI_FK_STR, KVI_FF_NULL, 6, struct kvi_dyn_register, replay_endpoint),
     F("additional_salt", KVI_FK_STR, KVI_FF_NULL, 7, struct kvi_dyn_register, additional_salt),
     F("additionalsalt", KVI_FK_STR, KVI_FF_NULL, 7, struct kvi_dyn_register, additional_salt),
+    /* kvidx extension: the rank's block pool, pre-sizes the index (api/service_capacity.c) */
+    F("capacity_blocks", KVI_FK_U64_NZ, KVI_FF_NULL, 8, struct kvi_dyn_register, capacity_blocks),
 };
 
 int kvi_dyn_parse_register(const void *body, size_t len, enum kvi_ctype ct, struct kvi_scratch *s,
@@ -45,6 +47,7 @@ int kvi_dyn_parse_register(const void *body, size_t len, enum kvi_ctype ct, stru
         out->tenant_id = kvi_str_default;
     out->has_replay = (seen & KVI_BIT(6)) != 0;
     out->has_salt = (seen & KVI_BIT(7)) != 0;
+    out->has_capacity = (seen & KVI_BIT(8)) != 0;
     const char *why;
     if (!kvi_endpoint_valid(out->endpoint.p, out->endpoint.len, &why))
         return kvi_err__set(err, 400, NULL, NULL, -1, "invalid endpoint `%.*s`: %s",
@@ -607,9 +610,13 @@ int kvi_dyn_encode_workers(const struct kvi_worker_view *ws, size_t n, struct kv
         for (size_t k = 0; k < x->n_listeners; k++) {
             const struct kvi_listener_view *l = &x->listeners[k];
             kvi_wr_key_u64(&w, l->dp_rank);
-            kvi_wr_obj(&w, (l->last_error ? 3 : 2) + (l->has_liveness ? 3 : 0));
+            kvi_wr_obj(&w, (l->last_error ? 3 : 2) + (l->has_liveness ? 3 : 0) + (l->capacity_blocks ? 1 : 0));
             kvi_wr_keyz(&w, "endpoint");
             kvi_wr_strz(&w, l->endpoint ? l->endpoint : "");
+            if (l->capacity_blocks) {
+                kvi_wr_keyz(&w, "capacity_blocks");
+                kvi_wr_u64(&w, l->capacity_blocks);
+            }
             kvi_wr_keyz(&w, "status");
             kvi_wr_strz(&w, kvi_listener_status_name(l->status));
             if (l->last_error) {

@@ -83,6 +83,7 @@ enum kvi_fk {
     KVI_FK_U64,          /* uint64_t: Dynamo u64 */
     KVI_FK_U32,          /* uint32_t: Dynamo u32 */
     KVI_FK_U32_NZ,       /* uint32_t: Dynamo u32 > 0 (block_size) */
+    KVI_FK_U64_NZ,       /* uint64_t: Dynamo u64 > 0 (capacity_blocks) */
     KVI_FK_POS_U32,      /* uint32_t: Conductor integer > 0 */
     KVI_FK_RANK,         /* uint32_t: Conductor integer 0 .. INT_MAX */
     KVI_FK_STR,          /* struct kvi_str */

@@ -117,6 +117,7 @@ struct opts {
     size_t n_zbind;
     long zbind_max_pods;
     long zbind_idle_s;
+    long capacity_max;
 };
 
 static void usage(FILE *f)
@@ -154,6 +155,9 @@ static void usage(FILE *f)
             "  --zmq-bind-max-pods N  pods per --zmq-bind endpoint (default 4096); a new pod past it is dropped\n"
             "  --zmq-bind-idle-s N    forget a pod (and drop its blocks) after N s without a message\n"
             "                         (default 600; 0 = never)\n"
+            "  --capacity-max-blocks N  the most a registration's capacity_blocks pre-sizes: entries per\n"
+            "                         partition, blocks per slot map (default 4194304; about 56 B per pair;\n"
+            "                         0 = capacity_blocks pre-sizes nothing)\n"
             "  --max-models N         namespaces (model x tenant) that may exist (default 1024); a registration\n"
             "                         that would create another answers 429\n"
             "  --body-limit BYTES     request body limit of every route but /query (default 2097152)\n"
@@ -281,7 +285,7 @@ static int min_initial_workers(uint64_t *out)
 enum {
     O_PORT = 256, O_THREADS, O_BLOCK_SIZE, O_WORKERS, O_MODEL, O_TENANT, O_PEERS, O_HOST, O_HTTP_THREADS,
     O_WRITER_THREADS, O_LISTENER_THREADS, O_REPLAY_TIMEOUT, O_MAX_DP_RANKS, O_MAX_MODELS, O_BODY_LIMIT, O_QUERY_LIMIT, O_TLS_CERT, O_TLS_KEY, O_ADMIN_TOKEN, O_ALLOW_REMOTE_ADMIN, O_DATA_TOKEN,
-    O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_MAX_CONNS_ADDR, O_H2_RESETS, O_CONN_OUT, O_OUT_LIMIT, O_PORT_FILE, O_ZBIND, O_ZBIND_MAX_PODS, O_ZBIND_IDLE, O_HELP, O_VERSION,
+    O_LOG_LEVEL, O_API, O_REC_DELAY, O_REC_TIMEOUT, O_IDLE, O_MAX_CONN, O_MAX_CONNS_ADDR, O_H2_RESETS, O_CONN_OUT, O_OUT_LIMIT, O_PORT_FILE, O_ZBIND, O_ZBIND_MAX_PODS, O_ZBIND_IDLE, O_CAPACITY_MAX, O_HELP, O_VERSION,
 };
 
 static int parse_opts(int argc, char **argv, struct opts *o)
@@ -322,6 +326,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"zmq-bind", required_argument, NULL, O_ZBIND},
         {"zmq-bind-max-pods", required_argument, NULL, O_ZBIND_MAX_PODS},
         {"zmq-bind-idle-s", required_argument, NULL, O_ZBIND_IDLE},
+        {"capacity-max-blocks", required_argument, NULL, O_CAPACITY_MAX},
         {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
@@ -374,6 +379,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case O_ZBIND: rc = parse_zbind(optarg, o); break;
         case O_ZBIND_MAX_PODS: rc = parse_long("--zmq-bind-max-pods", optarg, 1, 1048576, &o->zbind_max_pods); break;
         case O_ZBIND_IDLE: rc = parse_long("--zmq-bind-idle-s", optarg, 0, 31536000, &o->zbind_idle_s); break;
+        case O_CAPACITY_MAX:
+            rc = parse_long("--capacity-max-blocks", optarg, 0, 1l << 30, &o->capacity_max);
+            break;
         case 'h':
         case O_HELP: usage(stdout); exit(0);
         case O_VERSION: printf("kvidxd %s\n", KVIDXD_VERSION); exit(0);
@@ -473,6 +481,7 @@ int main(int argc, char **argv)
         .max_models = KVI_SVC_DEFAULT_MAX_MODELS,
         .zbind_max_pods = KVI_SVC_DEFAULT_ZBIND_MAX_PODS,
         .zbind_idle_s = KVI_SVC_DEFAULT_ZBIND_IDLE_S,
+        .capacity_max = (long)KVI_SVC_DEFAULT_CAPACITY_MAX_BLOCKS,
     };
     struct kvi_slot_service_config slot_cfg; /* the slot-tracker flags leave argv here */
     struct kvi_slot_port_flags slot_port;
@@ -565,6 +574,7 @@ int main(int argc, char **argv)
         .n_zbinds = o.n_zbind,
         .zbind_max_pods = (uint32_t)o.zbind_max_pods,
         .zbind_idle_s = (uint32_t)o.zbind_idle_s,
+        .capacity_max_blocks = o.capacity_max == 0 ? KVI_SVC_CAPACITY_OFF : (uint64_t)o.capacity_max,
     };
     struct kvi_service *svc = kvi_service_create(&sc);
     if (svc == NULL) {

@@ -514,6 +514,24 @@ static void render_misc(const struct kvi_metrics_src *src, struct kvi_buf *b)
     put_sec(b, "kvidx_recovery_duration_seconds", "", rs.duration_ms * 1000000u);
 }
 
+/* capacity_blocks: what the index is pre-sized for now (api/service_capacity.c). */
+static void render_capacity(const struct kvi_metrics_src *src, struct kvi_buf *b)
+{
+    struct kvi_capacity_counters c;
+    kvi_service_capacity_counters(src->svc, &c);
+    put_help(b, "kvidx_capacity_reserved_entries", "gauge",
+             "prefix entries the partitions are pre-sized for by registrations' capacity_blocks");
+    put_u64(b, "kvidx_capacity_reserved_entries", "", c.reserved_entries);
+    put_help(b, "kvidx_capacity_reserved_blocks", "gauge",
+             "blocks the registered ranks' slot maps are pre-sized for by their capacity_blocks");
+    put_u64(b, "kvidx_capacity_reserved_blocks", "", c.reserved_blocks);
+    put_help(b, "kvidx_capacity_registrations_total", "counter", "registrations whose capacity_blocks was applied");
+    put_u64(b, "kvidx_capacity_registrations_total", "", c.reservations);
+    put_help(b, "kvidx_capacity_capped_total", "counter",
+             "of them, capacity_blocks cut to --capacity-max-blocks");
+    put_u64(b, "kvidx_capacity_capped_total", "", c.capped);
+}
+
 /* --zmq-bind: pods registered, created, forgotten, and the messages dropped before a registration. */
 static void render_zbind(const struct kvi_metrics_src *src, struct kvi_buf *b)
 {
@@ -706,5 +724,6 @@ int kvi_metrics_render(const struct kvi_metrics_src *src, struct kvi_buf *out)
     render_nats(src, out);
     render_bridge(src, out);
     render_zbind(src, out);
+    render_capacity(src, out);
     return kvi_buf_ok(out) ? 0 : -ENOMEM;
 }

@@ -113,6 +113,19 @@ struct kvi_zbind_arg {
     uint32_t block_size; /* 0 = each model's from its first BlockStored (or its namespace's) */
 };
 
+/* capacity_blocks of POST /register pre-sizes at most this many entries per partition and
+ * blocks per slot map (--capacity-max-blocks; api/service_capacity.c) */
+#define KVI_SVC_DEFAULT_CAPACITY_MAX_BLOCKS (1ull << 22)
+#define KVI_SVC_CAPACITY_OFF UINT64_MAX /* --capacity-max-blocks 0: capacity_blocks pre-sizes nothing */
+
+/** Pre-sizing from capacity_blocks (kvi_service_capacity_counters). */
+struct kvi_capacity_counters {
+    uint64_t reserved_entries; /* prefix entries the partitions are pre-sized for now, all namespaces */
+    uint64_t reserved_blocks;  /* blocks the registered ranks' slot maps are pre-sized for now */
+    uint64_t reservations;     /* registrations with capacity_blocks applied */
+    uint64_t capped;           /* of them, cut to --capacity-max-blocks */
+};
+
 #define KVI_SVC_MAX_ZBINDS 16 /* --zmq-bind and POST /zmq/bind endpoints, open or closed */
 #define KVI_SVC_DEFAULT_ZBIND_MAX_PODS 4096
 #define KVI_SVC_DEFAULT_ZBIND_IDLE_S 600
@@ -161,9 +174,15 @@ struct kvi_service_config {
     size_t n_zbinds;
     uint32_t zbind_max_pods; /* pods per endpoint; 0 = KVI_SVC_DEFAULT_ZBIND_MAX_PODS */
     uint32_t zbind_idle_s;   /* a pod silent this long is forgotten; 0 = never */
+    /* --capacity-max-blocks: the most capacity_blocks pre-sizes, per partition and per slot map;
+     * 0 = KVI_SVC_DEFAULT_CAPACITY_MAX_BLOCKS, KVI_SVC_CAPACITY_OFF = pre-size nothing */
+    uint64_t capacity_max_blocks;
 };
 
 struct kvi_service;
+
+/** The capacity_blocks pre-sizing counters. Any thread. */
+void kvi_service_capacity_counters(struct kvi_service *svc, struct kvi_capacity_counters *out);
 
 /** The --zmq-bind counters. Any thread. */
 void kvi_service_zbind_counters(struct kvi_service *svc, struct kvi_zbind_counters *out);

@@ -82,7 +82,7 @@ static void rank_insert_locked(struct svc_worker *w, uint32_t rank, const char *
         at++;
     memmove(&w->ranks[at + 1], &w->ranks[at], (w->n_ranks - at) * sizeof *w->ranks);
     w->n_ranks++;
-    w->ranks[at] = (struct svc_rank){rank, xstrdup(ep), replay ? xstrdup(replay) : NULL};
+    w->ranks[at] = (struct svc_rank){rank, xstrdup(ep), replay ? xstrdup(replay) : NULL, 0};
 }
 
 static void rank_remove_locked(struct svc_worker *w, uint32_t rank)
@@ -235,7 +235,17 @@ int kvi_service_ctl_dyn_register(struct kvi_service *svc, const struct kvi_dyn_r
         return kvi_dyn_err_nats(err, 503, "the registration could not be stored in the --nats-registry bucket "
                                           "(NATS unreachable?); nothing was registered");
     }
+    if (rc == 0 && r->has_capacity)
+        kvi_svc__dyn_capacity(svc, r->instance_id, r->dp_rank, r->capacity_blocks);
     return rc;
+}
+
+void kvi_svc__dyn_capacity(struct kvi_service *svc, uint64_t id, uint32_t rank, uint64_t capacity)
+{
+    struct svc_worker *w = worker_find(svc, id);
+    struct svc_rank *rk = w != NULL ? rank_find(w, rank) : NULL;
+    if (rk != NULL)
+        kvi_svc__capacity_register(svc, w, rk, capacity);
 }
 
 static void dyn_unregister_rank(struct kvi_service *svc, struct svc_worker *w, uint32_t rank)
@@ -243,9 +253,12 @@ static void dyn_unregister_rank(struct kvi_service *svc, struct svc_worker *w, u
     struct kvi_listener_key key = {w->ns->ix, w->id, NULL, rank};
     kvi_listeners_unregister(svc->listeners, &key);
     kvi_svc__submit_op(svc, KVI_OP_REMOVE_DP_RANK, w->ns, w->dense, rank);
+    bool had_capacity = rank_find(w, rank)->capacity > 0;
     pthread_mutex_lock(&svc->mu);
     rank_remove_locked(w, rank);
     pthread_mutex_unlock(&svc->mu);
+    if (had_capacity)
+        kvi_svc__capacity_forget(svc, w->ns, w->dense);
     kvi_svc__dyn_roster_update(svc, w->ns);
     kvi_log_info("unregistered instance %" PRIu64 " dp_rank %" PRIu32, w->id, rank);
 }
@@ -258,10 +271,16 @@ static void dyn_unregister_all(struct kvi_service *svc, struct svc_worker *w)
     }
     struct kvi_ns *ns = w->ns;
     uint64_t id = w->id;
-    kvi_svc__submit_op(svc, KVI_OP_REMOVE_INSTANCE, ns, w->dense, 0);
+    uint32_t dense = w->dense;
+    bool had_capacity = false;
+    for (size_t i = 0; i < w->n_ranks; i++)
+        had_capacity |= w->ranks[i].capacity > 0;
+    kvi_svc__submit_op(svc, KVI_OP_REMOVE_INSTANCE, ns, dense, 0);
     pthread_mutex_lock(&svc->mu);
     worker_remove_locked(svc, w);
     pthread_mutex_unlock(&svc->mu);
+    if (had_capacity)
+        kvi_svc__capacity_forget(svc, ns, dense);
     kvi_svc__dyn_roster_update(svc, ns); /* before the namespace can go (kvi_svc__ns_ref below) */
     kvi_log_info("unregistered instance %" PRIu64 " (every rank) from %s:%s", id, ns->model, ns->tenant);
     kvi_svc__ns_ref(svc, ns, -1);
@@ -383,6 +402,7 @@ int kvi_service_encode_workers(struct kvi_service *svc, const struct kvi_dyn_wor
             struct kvi_listener_key key = {w->ns->ix, w->id, NULL, w->ranks[j].dp_rank};
             lv[j] = (struct kvi_listener_view){.dp_rank = w->ranks[j].dp_rank,
                                                .endpoint = w->ranks[j].endpoint,
+                                               .capacity_blocks = w->ranks[j].capacity,
                                                .status = KVI_LS_FAILED,
                                                .last_error = "listener not found",
                                                .has_liveness = true}; /* 0 messages, none yet, not connected */

@@ -51,7 +51,8 @@
 struct svc_rank {
     uint32_t dp_rank;
     char *endpoint;
-    char *replay; /* NULL when none */
+    char *replay;      /* NULL when none */
+    uint64_t capacity; /* capacity_blocks as registered; 0 = none (api/service_capacity.c) */
 };
 
 /** A Dynamo instance: one (model, tenant), one listener per rank (api/service_dynamo.c). */
@@ -172,6 +173,10 @@ struct kvi_service {
     size_t n_zp, cap_zp;
     uint64_t zb_next_sweep_ns; /* control thread */
     _Atomic uint64_t zb_created, zb_forgotten, zb_refused_endpoints;
+
+    /* capacity_blocks (api/service_capacity.c): what the partitions and slot maps are pre-sized
+     * for now, and the registrations that asked; written by the control thread */
+    _Atomic uint64_t cap_entries, cap_blocks, cap_reservations, cap_capped;
 
     /* readiness (api/service.c) */
     _Atomic bool recovery_running;
@@ -294,6 +299,12 @@ int kvi_svc__dyn_register(struct kvi_service *svc, uint64_t id, struct kvi_str m
                           uint32_t bs, uint32_t rank, struct kvi_str ep, struct kvi_str replay, bool has_replay,
                           bool undo_failed, struct kvi_api_err *err);
 
+/**
+ * The registered rank (@p id, @p rank) reports @p capacity blocks
+ * (kvi_svc__capacity_register); no-op when it is not registered. Control thread.
+ */
+void kvi_svc__dyn_capacity(struct kvi_service *svc, uint64_t id, uint32_t rank, uint64_t capacity);
+
 /* ---- Conductor services (api/service_conductor.c) ---------------------------------------------- */
 
 /** Free what @p c owns (its strings), not @p c. Control thread, or destroy. */
@@ -398,6 +409,24 @@ int kvi_svc__nats_unregister(struct kvi_service *svc, uint64_t id, struct kvi_st
  */
 size_t kvi_svc__nats_worker_views(struct kvi_service *svc, const struct kvi_dyn_workers_filter *f,
                                   struct kvi_scratch *s, struct kvi_worker_view **out);
+
+/* ---- capacity_blocks (api/service_capacity.c) ---------------------------------------------- */
+
+/**
+ * Rank @p rk of the registered worker @p w reports a block pool of
+ * @p capacity blocks: record it and pre-size its GPU slot map and its
+ * partition (the rule: api/service_capacity.c), waiting for the partition's
+ * writer. No-op for 0 or with --capacity-max-blocks 0. Control thread.
+ */
+void kvi_svc__capacity_register(struct kvi_service *svc, struct svc_worker *w, struct svc_rank *rk, uint64_t capacity);
+
+/**
+ * A rank that reported a capacity left namespace @p ns (its instance's dense
+ * id @p dense): set its partition's floor to what the ranks still registered
+ * add up to. Call after the workers table no longer lists it, while @p ns
+ * lives. Control thread.
+ */
+void kvi_svc__capacity_forget(struct kvi_service *svc, struct kvi_ns *ns, uint32_t dense);
 
 /* ---- --zmq-bind (api/service_zbind.c) ------------------------------------------------------- */
 

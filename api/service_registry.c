@@ -118,7 +118,7 @@ int kvi_svc__registry_put_dyn(struct kvi_service *svc, const struct kvi_dyn_regi
     kvi_buf_init(&b);
     struct kvi_wr w;
     kvi_wr_init(&w, &b, KVI_ENC_JSON);
-    kvi_wr_obj(&w, r->has_replay ? 7 : 6);
+    kvi_wr_obj(&w, 6 + r->has_replay + r->has_capacity);
     kvi_wr_keyz(&w, "instance_id");
     kvi_wr_u64(&w, r->instance_id);
     kvi_wr_keyz(&w, "endpoint");
@@ -134,6 +134,10 @@ int kvi_svc__registry_put_dyn(struct kvi_service *svc, const struct kvi_dyn_regi
     if (r->has_replay) {
         kvi_wr_keyz(&w, "replay_endpoint");
         kvi_wr_str(&w, r->replay_endpoint.p, r->replay_endpoint.len);
+    }
+    if (r->has_capacity) {
+        kvi_wr_keyz(&w, "capacity_blocks");
+        kvi_wr_u64(&w, r->capacity_blocks);
     }
     kvi_wr_end(&w);
     return store_json(svc, key, &b, true);
@@ -403,6 +407,8 @@ static void apply_change(struct kvi_service *svc, void *arg)
                                   r.replay_endpoint, r.has_replay, false, &err) != 0)
             kvi_log_warn("nats registry: instance %" PRIu64 " dp_rank %" PRIu32 " of %s:%s not applied here: %s", id,
                          rank, m, t, err.msg);
+        else if (r.has_capacity)
+            kvi_svc__dyn_capacity(svc, id, rank, r.capacity_blocks);
     }
     kvi_scratch_free(&s);
 out:

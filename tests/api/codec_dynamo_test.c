@@ -100,6 +100,22 @@ static void test_register_valid(void **state)
     assert_true(r.instance_id == 1ull << 63);
     assert_kstr(r.tenant_id, "default");
     assert_false(r.has_replay);
+    assert_false(r.has_capacity);
+
+    /* capacity_blocks (kvidx extension): a u64, null is absent */
+    kvi_scratch_reset(&S);
+    assert_int_equal(kvi_dyn_parse_register(J("{\"instance_id\":1,\"endpoint\":\"ipc://e\",\"model_name\":\"m\","
+                                              "\"block_size\":16,\"capacity_blocks\":18446744073709551615}"),
+                                            &r, &E),
+                     0);
+    assert_true(r.has_capacity);
+    assert_true(r.capacity_blocks == UINT64_MAX);
+    kvi_scratch_reset(&S);
+    assert_int_equal(kvi_dyn_parse_register(J("{\"instance_id\":1,\"endpoint\":\"ipc://e\",\"model_name\":\"m\","
+                                              "\"block_size\":16,\"capacity_blocks\":null}"),
+                                            &r, &E),
+                     0);
+    assert_false(r.has_capacity);
 }
 
 static void test_register_errors(void **state)
@@ -128,6 +144,13 @@ static void test_register_errors(void **state)
 
     snprintf(want, sizeof(want), "%sblock_size: invalid value: integer `0`, expected a nonzero u32 at line 1 column 71", pre);
     EXPECT_ERR(kvi_dyn_parse_register(J("{\"instance_id\":1,\"endpoint\":\"tcp://h:1\",\"model_name\":\"m\",\"block_size\":0}"), &r, &E), 422, want);
+
+    snprintf(want, sizeof(want), "%scapacity_blocks: invalid value: integer `0`, expected a nonzero u64 at line 1 column 20", pre);
+    EXPECT_ERR(kvi_dyn_parse_register(J("{\"capacity_blocks\":0}"), &r, &E), 422, want);
+    snprintf(want, sizeof(want), "%scapacity_blocks: invalid type: string \"8\", expected a nonzero u64 at line 1 column 20", pre);
+    EXPECT_ERR(kvi_dyn_parse_register(J("{\"capacity_blocks\":\"8\"}"), &r, &E), 422, want);
+    snprintf(want, sizeof(want), "%scapacity_blocks: invalid value: integer `-5`, expected a nonzero u64 at line 1 column 20", pre);
+    EXPECT_ERR(kvi_dyn_parse_register(J("{\"capacity_blocks\":-5}"), &r, &E), 422, want);
 
     snprintf(want, sizeof(want), "%sdp_rank: invalid value: integer `4294967296`, expected u32 at line 1 column 12", pre);
     EXPECT_ERR(kvi_dyn_parse_register(J("{\"dp_rank\":4294967296}"), &r, &E), 422, want);
@@ -254,6 +277,7 @@ static void test_query_errors(void **state)
     EXPECT_ERR(kvi_dyn_parse_query(J("{\"token_ids\":[1,2"), &q, &E), 400,
                "Failed to parse the request body as JSON: EOF while parsing a list at line 1 column 18");
 }
+
 
 static msgpack_sbuffer SB;
 static msgpack_packer PK;
@@ -830,17 +854,17 @@ static void test_workers_status_misc(void **state)
     kvi_buf_init(&b);
     /* liveness keys after the others: counts, null for "no message yet" and "not monitored" */
     struct kvi_listener_view l1[] = {
-        {0, "tcp://127.0.0.1:5557", KVI_LS_ACTIVE, NULL, true, 42, true, 3, 1},
+        {0, "tcp://127.0.0.1:5557", KVI_LS_ACTIVE, NULL, true, 42, true, 3, 1, 4096},
         {1, "tcp://127.0.0.1:5558", KVI_LS_FAILED, "failed to connect ZMQ SUB socket to tcp://127.0.0.1:5558", true, 0,
-         false, 0, 0},
+         false, 0, 0, 0},
     };
     struct kvi_listener_view l2[] = {
-        {0, "tcp://h:1", KVI_LS_PAUSED, NULL, true, 7, true, 0, -1},
-        {1, "tcp://h:2", KVI_LS_ACTIVE, NULL, false, 0, false, 0, 0},
+        {0, "tcp://h:1", KVI_LS_PAUSED, NULL, true, 7, true, 0, -1, 0},
+        {1, "tcp://h:2", KVI_LS_ACTIVE, NULL, false, 0, false, 0, 0, 0},
     };
     struct kvi_listener_view l3[] = {
-        {0, "tcp://h:3", KVI_LS_PAUSED, NULL, false, 0, false, 0, 0},
-        {2, "tcp://h:4", KVI_LS_PENDING, NULL, false, 0, false, 0, 0},
+        {0, "tcp://h:3", KVI_LS_PAUSED, NULL, false, 0, false, 0, 0, 0},
+        {2, "tcp://h:4", KVI_LS_PENDING, NULL, false, 0, false, 0, 0, 0},
     };
     struct kvi_worker_view w[] = {
         {1, "llama-3-8b", "default", 16, NULL, l1, 2, NULL},
@@ -851,7 +875,8 @@ static void test_workers_status_misc(void **state)
     assert_out(&b, "[{\"instance_id\":1,\"model_name\":\"llama-3-8b\",\"tenant_id\":\"default\",\"block_size\":16,"
                    "\"source\":\"zmq\",\"status\":\"failed\","
                    "\"endpoints\":{\"0\":\"tcp://127.0.0.1:5557\",\"1\":\"tcp://127.0.0.1:5558\"},"
-                   "\"listeners\":{\"0\":{\"endpoint\":\"tcp://127.0.0.1:5557\",\"status\":\"active\","
+                   "\"listeners\":{\"0\":{\"endpoint\":\"tcp://127.0.0.1:5557\",\"capacity_blocks\":4096,"
+                   "\"status\":\"active\","
                    "\"messages\":42,\"seconds_since_last_message\":3,\"connected\":true},"
                    "\"1\":{\"endpoint\":\"tcp://127.0.0.1:5558\",\"status\":\"failed\","
                    "\"last_error\":\"failed to connect ZMQ SUB socket to tcp://127.0.0.1:5558\","

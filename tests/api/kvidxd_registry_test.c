@@ -2,7 +2,8 @@
 /*
  * Two kvidxd replicas on one real nats-server with --nats-registry:
  *   - a registration through replica A appears on B (its /workers, and B's
- *     listener indexes the engine's events: a query on B answers);
+ *     listener indexes the engine's events: a query on B answers), with its
+ *     capacity_blocks (B pre-sizes its index too, and so does C below);
  *   - an unregistration through B closes A's registration;
  *   - a third replica started later loads the bucket before it is ready;
  *   - a registration A refuses (a bad endpoint, another block size) is not
@@ -60,7 +61,8 @@ static void test_shared_registrations(void **state)
     struct kvidx_pub *p = kfx_pub(0);
     char body[512];
     snprintf(body, sizeof body,
-             "{\"instance_id\":41,\"endpoint\":\"%s\",\"replay_endpoint\":\"%s\",\"model_name\":\"m\",\"block_size\":%d}",
+             "{\"instance_id\":41,\"endpoint\":\"%s\",\"replay_endpoint\":\"%s\",\"model_name\":\"m\",\"block_size\":%d,"
+             "\"capacity_blocks\":2048}",
              kvidx_pub_endpoint(p), kvidx_pub_replay_endpoint(p), KFX_BS);
     kfx_expect(&a, "/register", body, 201, NULL);
     /* B applies it from the bucket: listed, and its own listener indexes the engine */
@@ -68,6 +70,10 @@ static void test_shared_registrations(void **state)
         kfx_dump_log(&b);
         fail_msg("the registration through A never reached B");
     }
+    /* with its capacity: B pre-sizes too */
+    assert_true(KFX_WAIT(kfx_metric(&b, "kvidx_capacity_reserved_blocks") == 2048, KFX_WAIT_MS));
+    assert_true(workers_has(&b, "\"capacity_blocks\":2048"));
+    assert_int_equal(kfx_metric(&a, "kvidx_capacity_reserved_entries"), 2048);
     kfx_publish(p, 0, 0, 3, NULL);
     char *q = kfx_query_json("m", 0, 3);
     struct kvidx_pub *pubs[] = {p};
@@ -106,6 +112,7 @@ static void test_shared_registrations(void **state)
     /* a replica started now loads the bucket before it is ready */
     start_replica(&c, &ns);
     assert_true(workers_has(&c, "\"instance_id\":41,\"model_name\":\"m\""));
+    assert_true(KFX_WAIT(kfx_metric(&c, "kvidx_capacity_reserved_entries") == 2048, KFX_WAIT_MS));
     assert_false(workers_has(&c, "\"instance_id\":42"));
     assert_false(workers_has(&c, "\"instance_id\":43"));
     assert_true(kfx_log_has(&c, "nats: core source", "fleet.kv-events", KFX_WAIT_MS));
