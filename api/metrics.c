@@ -514,22 +514,26 @@ static void render_misc(const struct kvi_metrics_src *src, struct kvi_buf *b)
     put_sec(b, "kvidx_recovery_duration_seconds", "", rs.duration_ms * 1000000u);
 }
 
+/* One unlabelled sample with its HELP and TYPE lines. */
+static void put_one(struct kvi_buf *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+    put_help(b, name, type, help);
+    put_u64(b, name, "", v);
+}
+
 /* capacity_blocks: what the index is pre-sized for now (api/service_capacity.c). */
 static void render_capacity(const struct kvi_metrics_src *src, struct kvi_buf *b)
 {
     struct kvi_capacity_counters c;
     kvi_service_capacity_counters(src->svc, &c);
-    put_help(b, "kvidx_capacity_reserved_entries", "gauge",
-             "prefix entries the partitions are pre-sized for by registrations' capacity_blocks");
-    put_u64(b, "kvidx_capacity_reserved_entries", "", c.reserved_entries);
-    put_help(b, "kvidx_capacity_reserved_blocks", "gauge",
-             "blocks the registered ranks' slot maps are pre-sized for by their capacity_blocks");
-    put_u64(b, "kvidx_capacity_reserved_blocks", "", c.reserved_blocks);
-    put_help(b, "kvidx_capacity_registrations_total", "counter", "registrations whose capacity_blocks was applied");
-    put_u64(b, "kvidx_capacity_registrations_total", "", c.reservations);
-    put_help(b, "kvidx_capacity_capped_total", "counter",
-             "of them, capacity_blocks cut to --capacity-max-blocks");
-    put_u64(b, "kvidx_capacity_capped_total", "", c.capped);
+    put_one(b, "kvidx_capacity_reserved_entries", "gauge",
+            "prefix entries the partitions are pre-sized for by registrations' capacity_blocks", c.reserved_entries);
+    put_one(b, "kvidx_capacity_reserved_blocks", "gauge",
+            "blocks the registered ranks' slot maps are pre-sized for by their capacity_blocks", c.reserved_blocks);
+    put_one(b, "kvidx_capacity_registrations_total", "counter", "registrations whose capacity_blocks was applied",
+            c.reservations);
+    put_one(b, "kvidx_capacity_capped_total", "counter", "of them, capacity_blocks cut to --capacity-max-blocks",
+            c.capped);
 }
 
 /* --zmq-bind: pods registered, created, forgotten, and the messages dropped before a registration. */
@@ -537,27 +541,23 @@ static void render_zbind(const struct kvi_metrics_src *src, struct kvi_buf *b)
 {
     struct kvi_zbind_counters z;
     kvi_service_zbind_counters(src->svc, &z);
-    put_help(b, "kvidx_zmq_bind_endpoints", "gauge", "bind endpoints open now (--zmq-bind, POST /zmq/bind)");
-    put_u64(b, "kvidx_zmq_bind_endpoints", "", z.endpoints_open);
-    put_help(b, "kvidx_zmq_bind_endpoints_refused_total", "counter",
-             "POST /zmq/bind answered 429: the most bind endpoints kvidxd keeps are known");
-    put_u64(b, "kvidx_zmq_bind_endpoints_refused_total", "", z.endpoints_refused);
-    put_help(b, "kvidx_zmq_bind_pods", "gauge", "--zmq-bind pods registered now");
-    put_u64(b, "kvidx_zmq_bind_pods", "", z.pods);
-    put_help(b, "kvidx_zmq_bind_pods_created_total", "counter", "--zmq-bind pods registered on their first message");
-    put_u64(b, "kvidx_zmq_bind_pods_created_total", "", z.pods_created);
-    put_help(b, "kvidx_zmq_bind_pods_forgotten_total", "counter",
-             "--zmq-bind pods forgotten (blocks dropped) after --zmq-bind-idle-s without a message");
-    put_u64(b, "kvidx_zmq_bind_pods_forgotten_total", "", z.pods_forgotten);
-    put_help(b, "kvidx_zmq_bind_bad_topic_total", "counter",
-             "--zmq-bind messages dropped: topic not kv@<pod-id>@<model-name>");
-    put_u64(b, "kvidx_zmq_bind_bad_topic_total", "", z.bad_topic);
-    put_help(b, "kvidx_zmq_bind_pods_refused_total", "counter",
-             "--zmq-bind messages of a new pod dropped: past --zmq-bind-max-pods, or no namespace or registration");
-    put_u64(b, "kvidx_zmq_bind_pods_refused_total", "", z.pods_refused);
-    put_help(b, "kvidx_zmq_bind_no_block_size_total", "counter",
-             "--zmq-bind first messages of a new pod dropped: no block size from the flag or a BlockStored");
-    put_u64(b, "kvidx_zmq_bind_no_block_size_total", "", z.no_block_size);
+    put_one(b, "kvidx_zmq_bind_endpoints", "gauge", "bind endpoints open now (--zmq-bind, POST /zmq/bind)",
+            z.endpoints_open);
+    put_one(b, "kvidx_zmq_bind_endpoints_refused_total", "counter",
+            "POST /zmq/bind answered 429: the most bind endpoints kvidxd keeps are known", z.endpoints_refused);
+    put_one(b, "kvidx_zmq_bind_pods", "gauge", "--zmq-bind pods registered now", z.pods);
+    put_one(b, "kvidx_zmq_bind_pods_created_total", "counter", "--zmq-bind pods registered on their first message",
+            z.pods_created);
+    put_one(b, "kvidx_zmq_bind_pods_forgotten_total", "counter",
+            "--zmq-bind pods forgotten (blocks dropped) after --zmq-bind-idle-s without a message", z.pods_forgotten);
+    put_one(b, "kvidx_zmq_bind_bad_topic_total", "counter",
+            "--zmq-bind messages dropped: topic not kv@<pod-id>@<model-name>", z.bad_topic);
+    put_one(b, "kvidx_zmq_bind_pods_refused_total", "counter",
+            "--zmq-bind messages of a new pod dropped: past --zmq-bind-max-pods, or no namespace or registration",
+            z.pods_refused);
+    put_one(b, "kvidx_zmq_bind_no_block_size_total", "counter",
+            "--zmq-bind first messages of a new pod dropped: no block size from the flag or a BlockStored",
+            z.no_block_size);
 }
 
 /* --nats-publish: the bridge's counters (net/nats_bridge.h). */
