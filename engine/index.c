@@ -315,7 +315,7 @@ uint32_t kvi_ix__slot_create(struct kvi_index *ix, uint32_t instance, uint32_t r
     s->shared = in->shared;
     atomic_store_explicit(&s->n_blocks, 0, memory_order_relaxed);
     atomic_store_explicit(&s->map.t, NULL, memory_order_relaxed);
-    s->map.floor = 0; /* a recycled id does not keep its last owner's reservation */
+    s->map_floor = 0; /* a recycled id does not keep its last owner's reservation */
     atomic_store_explicit(&s->live, true, memory_order_release);
     pthread_mutex_unlock(&ix->slot_lock);
     if (tier != KVI_TIER_GPU)

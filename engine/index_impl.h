@@ -160,6 +160,15 @@ struct tab_ctx {
     uint32_t slot; /* TAB_MAP */
 };
 
+/* The reserved floor of the table c names (struct kvi_table). Writer. */
+static inline uint32_t *tab_floor(const struct tab_ctx *c)
+{
+    struct kvi_part *p = (struct kvi_part *)c->p;
+    return c->kind == TAB_MAP ? &kvi__slot(c->ix, c->slot)->map_floor
+           : c->kind == TAB_KEY ? &p->ktab_floor
+                                : &p->stab_floor;
+}
+
 static uint64_t member_eh(const struct kvi_entry *e, uint32_t slot, bool *found);
 
 static inline uint64_t tab_key_of(const struct tab_ctx *c, uint32_t idx, bool *ok)

@@ -155,12 +155,14 @@ struct kvi_tab {
 
 struct kvi_table {
     _Atomic(struct kvi_tab *) t; /* R: published with release */
-    /* W: the capacity a reservation (kvi_index_reserve, _reserve_slot) asked
-     * for, 0 if none: the table's first array has it, and removals never
-     * shrink the table below it, so that a pool that fills, drains and
-     * fills again rebuilds nothing up to its reserved size */
-    uint32_t floor;
 };
+
+/* A table's floor (W, its owner's field: kvi_slot.map_floor,
+ * kvi_part.ktab_floor and .stab_floor; tab_floor in index_impl.h): the
+ * capacity a reservation (kvi_index_reserve, _reserve_slot) asked for, 0 if
+ * none. The table's first array has it, and removals never shrink the table
+ * below it, so that a pool that fills, drains and fills again rebuilds
+ * nothing up to its reserved size. */
 
 /* A worker slot: (instance, dp_rank, tier). */
 struct kvi_slot {
@@ -171,8 +173,12 @@ struct kvi_slot {
     bool shared;
     _Atomic bool live;
     _Atomic uint32_t n_blocks; /* R: tree size */
+    uint32_t map_floor;        /* writer: the map's reserved floor (in the hole before map) */
     struct kvi_table map;      /* writer: engine hash -> entry (never read by queries) */
 };
+/* queries read id .. n_blocks of the slots they answer (emit_part): two
+ * slots per cache line */
+_Static_assert(sizeof(struct kvi_slot) == 32, "slot layout");
 
 struct kvi_instance {
     uint64_t id;
@@ -199,6 +205,7 @@ struct kvi_part {
     struct kvi_table ktab; /* prefix key K -> entry */
     struct kvi_table stab; /* standard seq hash S -> entry; NULL until something needs it
                             * (seq stores, seq queries): built then, maintained after */
+    uint32_t ktab_floor, stab_floor; /* W: their reserved floors (struct kvi_table) */
     struct kvi_entry *_Atomic chunks[KVI_ENTRY_CHUNKS_MAX];
     /* R (by seq): standard seq hashes of entry chunk c's entries, allocated
      * with the seq table (kvi_ix__stab_build) and with every chunk after it;

@@ -221,7 +221,8 @@ void kvi_ix__tab_insert_t(struct kvi_part *p, const struct tab_ctx *c, struct kv
 {
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t == NULL) {
-        kvi_ix__tab_rehash(p, c, tb, tb->floor > 16 ? tb->floor : 16);
+        uint32_t fcap = *tab_floor(c);
+        kvi_ix__tab_rehash(p, c, tb, fcap > 16 ? fcap : 16);
         t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     } else if (t->used >= t->grow_at) { /* (used + 1) / cap > 3/4 */
         uint32_t cap = t->mask + 1;
@@ -241,7 +242,8 @@ void kvi_ix__tab_room(struct kvi_part *p, const struct tab_ctx *c, struct kvi_ta
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (t != NULL && (uint64_t)t->used + m <= t->grow_at)
         return;
-    uint64_t live = t != NULL ? t->live : 0, cap = t != NULL ? (uint64_t)t->mask + 1 : tb->floor > 16 ? tb->floor : 16;
+    uint32_t fcap = *tab_floor(c);
+    uint64_t live = t != NULL ? t->live : 0, cap = t != NULL ? (uint64_t)t->mask + 1 : fcap > 16 ? fcap : 16;
     if (t != NULL && (live + 1) * 2 > cap)
         cap *= 2; /* as kvi_ix__tab_insert_t: grow, or else purge at the same size */
     while (live + m > cap / TAB_MAX_LOAD_DEN * TAB_MAX_LOAD_NUM)
@@ -285,8 +287,8 @@ static void tab_delete_t(struct kvi_part *p, const struct tab_ctx *c, struct kvi
     uint32_t cap = t->mask + 1;
     if (cap > 64 && (uint64_t)t->live * 8 < cap) {
         uint32_t to = cap / 4 > 16 ? cap / 4 : 16;
-        if (to < tb->floor)
-            to = tb->floor;
+        if (to < *tab_floor(c))
+            to = *tab_floor(c);
         if (to < cap)
             kvi_ix__tab_rehash(p, c, tb, to);
     }

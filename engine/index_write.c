@@ -584,7 +584,7 @@ static uint64_t tab_cap_for(uint64_t live)
 static void tab_reserve(struct kvi_part *p, const struct tab_ctx *c, struct kvi_table *tb, uint64_t live)
 {
     uint64_t cap = tab_cap_for(live);
-    tb->floor = live == 0 ? 0 : (uint32_t)cap;
+    *tab_floor(c) = live == 0 ? 0 : (uint32_t)cap;
     struct kvi_tab *t = atomic_load_explicit(&tb->t, memory_order_relaxed);
     if (live > 0 && (t == NULL || cap > (uint64_t)t->mask + 1))
         kvi_ix__tab_rehash(p, c, tb, (uint32_t)cap);
