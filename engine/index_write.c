@@ -317,7 +317,8 @@ static inline bool holds_as(const struct kvi_entry *e, uint32_t sid, uint64_t eh
 {
     uint32_t one = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed);
     if (one != KVI_MANY_BIT)
-        return (one & KVI_SLOT_MASK) == sid && atomic_load_explicit(&((struct kvi_entry *)e)->mv, memory_order_relaxed) == eh;
+        return (one & KVI_SLOT_MASK) == sid &&
+               atomic_load_explicit(&((struct kvi_entry *)e)->mv, memory_order_relaxed) == eh;
     bool f;
     uint64_t m = member_eh(e, sid, &f);
     return f && m == eh;
@@ -325,43 +326,55 @@ static inline bool holds_as(const struct kvi_entry *e, uint32_t sid, uint64_t eh
 
 /*
  * The idempotent re-store, read only: does slot s already hold every block
- * of run r (content known, no seq table) under its engine hash, as the
- * prefix the block names, below `prev` (the entry s holds under the run's
- * parent; KVI_NONE for a run from position 0)? Then do_store would change
- * nothing: pass 1 would find each block held (have[i]), same_prefix would
- * hold (the entry's key is the block's, at its depth), and pass 2 would
- * only step prev. Its duplicate check would pass too: a slot's map names
- * one entry per engine hash, so blocks held as distinct entries (one per
- * depth), below a parent held as another, have distinct engine hashes.
+ * of run r under its engine hash, as the prefix the block names, below
+ * `prev` (the entry s holds under the run's parent; KVI_NONE for a run from
+ * position 0)? Then do_store would change nothing: pass 1 would find each
+ * block held (have[i]), same_prefix would hold, and pass 2 would only step
+ * prev. Its duplicate check would pass too: a slot's map names one entry
+ * per engine hash, so blocks held as distinct entries (one per depth),
+ * below a parent held as another, have distinct engine hashes.
+ * same_prefix's test: without a seq table the entry's key is the block's
+ * (the content chain's, from prev's key); with one, its seq hash is the
+ * block's (given, or the standard chain from prev's), and keys are not
+ * looked at (a re-store rekeys from a held entry's key). same_prefix's other
+ * case, a block that joined a prefix by its content under another seq hash,
+ * is left to the general loops (false).
  * Block i > 0 is looked for as prev's first child (a run stored at once is
  * a chain of only children, allocated in order), then, when that child is
- * not it (a branch point), in the slot map; block 0 in the map, so that a
- * run of new blocks (the usual store) gives up after one probe.
+ * not it (a branch point, a prefix placed by seq alone), in the slot map;
+ * block 0 in the map, so that a run of new blocks (the usual store) gives
+ * up after one probe.
  * measured: see do_store.
  */
-static bool run_held(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t prev,
+static bool run_held(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t prev, bool son,
                      const struct run *r)
 {
     const uint32_t sid = s->id;
     const struct kvi_entry *pe = prev != KVI_NONE ? kvi__entry(p, prev) : NULL;
     uint64_t k = pe != NULL ? pe->key : ix->kseed;
+    uint64_t sq = son && pe != NULL ? *kvi__seqp(p, prev) : 0;
     uint32_t pos = pe != NULL ? pe->pos + 1 : 0;
     for (size_t i = 0; i < r->n; i++, pos++) {
-        uint64_t eh = r->b[i].engine_hash;
-        k = key_step(ix, k, r->b[i].content_hash, pos);
+        uint64_t eh = run_eh(r, i);
+        if (!son) /* (then r->b != NULL: a run without content has seq hashes) */
+            k = key_step(ix, k, r->b[i].content_hash, pos);
+        else if (r->seq != NULL)
+            sq = r->seq[i];
+        else
+            sq = pos == 0 ? r->b[i].content_hash : kvi__seq_step(sq, r->b[i].content_hash);
+        uint32_t idx = KVI_NONE;
         const struct kvi_entry *e = NULL;
         if (i > 0) {
-            uint32_t c = atomic_load_explicit(&((struct kvi_entry *)pe)->first_child, memory_order_relaxed);
-            if (c != KVI_NONE && holds_as(kvi__entry(p, c), sid, eh))
-                e = kvi__entry(p, c);
+            idx = atomic_load_explicit(&((struct kvi_entry *)pe)->first_child, memory_order_relaxed);
+            if (idx != KVI_NONE && !holds_as(e = kvi__entry(p, idx), sid, eh))
+                e = NULL;
         }
         if (e == NULL) {
-            uint32_t idx = map_find(ix, p, s, eh);
-            if (idx == KVI_NONE)
+            if ((idx = map_find(ix, p, s, eh)) == KVI_NONE)
                 return false;
             e = kvi__entry(p, idx);
         }
-        if (e->key != k || e->pos != pos)
+        if (e->pos != pos || (son ? *kvi__seqp(p, idx) != sq : e->key != k))
             return false;
         pe = e;
     }
@@ -390,15 +403,17 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     /* the idempotent re-store, read only (run_held), before the scratch
      * tags, the duplicate check and the two passes: a walk down the chain
      * instead of a map probe, an entry read, a ktab prefetch and a scratch
-     * set insert per block. measured (kvidx-bench micro, store_again_ns_per_block,
-     * 3 runs each interleaved with cc48b42, medians): 38.9 -> 5.7 and, in a
-     * second session (load 2-4), 41.4 -> 5.9; callgrind --toggle-collect=
-     * store_again (--seqs 256): 352 -> 73 instructions per block. A run of new
-     * blocks gives up after one map probe: pre-sized store 289.5 -> 290.6
-     * instructions per block (callgrind, --toggle-collect=store_presized),
-     * --replay store 115.3 -> 114.1 cpu ns per block (medians of 3). */
-    if (!son && r->b != NULL && s != NULL && (has_parent ? prev_s != KVI_NONE : position == 0) &&
-        run_held(ix, p, s, prev_s, r)) {
+     * set insert per block. measured (kvidx-bench micro, 3 runs each
+     * interleaved with a build of cc48b42, medians, 2-vCPU VM, load 1.3-3.2):
+     * store_again_ns_per_block 38.8 -> 5.9; with --seq-tables (the base
+     * built with this micro.c) 45.4 -> 6.7. callgrind --toggle-collect=
+     * store_again --seqs 256: 352 -> 75 instructions per block (--seq-tables
+     * 412 -> 88). A run of new blocks gives up after one map probe:
+     * store_presized 289.5 -> 290.6 instructions per block (--seq-tables
+     * 695.3 -> 697.4); micro --replay store 116.6 -> 115.9 cpu ns per block;
+     * the other micro rows within noise (find_hit 558 / 559 ns, one binary
+     * with this walk switched off and on, 5 runs each). */
+    if (s != NULL && (has_parent ? prev_s != KVI_NONE : position == 0) && run_held(ix, p, s, prev_s, son, r)) {
         maybe_reclaim(ix, in->part);
         return 0;
     }
