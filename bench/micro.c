@@ -49,6 +49,7 @@ struct micro_cfg {
     uint32_t seqs, depth, workers, replicas, queries;
     double reader_secs;
     uint64_t seed;
+    bool seq_tables; /* --seq-tables: the index keeps seq tables from the start */
 };
 
 struct shape {
@@ -119,7 +120,7 @@ static void remove_seq(struct kvi_index *ix, const struct shape *s, uint32_t q, 
 }
 
 /* Store every sequence. One function per measured phase, so that callgrind
- * --toggle-collect=store_cold (or store_presized) counts that phase alone. */
+ * --toggle-collect=store_cold (store_presized, store_again) counts that phase alone. */
 static void store_all(struct kvi_index *ix, const struct shape *s, struct kvi_block *b)
 {
     for (uint32_t q = 0; q < s->c.seqs; q++)
@@ -138,6 +139,12 @@ static __attribute__((noinline)) void store_cold(struct kvi_index *ix, const str
 static __attribute__((noinline)) void store_presized(struct kvi_index *ix, const struct shape *s, struct kvi_block *b)
 {
     store_phase = 2;
+    store_all(ix, s, b);
+}
+
+static __attribute__((noinline)) void store_again(struct kvi_index *ix, const struct shape *s, struct kvi_block *b)
+{
+    store_phase = 3;
     store_all(ix, s, b);
 }
 
@@ -407,22 +414,35 @@ static int replay_run(const struct replay_cfg *rc)
     return 0;
 }
 
+/* Turn ix's seq tables on, as a first seq query does (kvidxd serving
+ * Mooncake's /query_by_hash): stores then keep each entry's seq hash and
+ * look prefixes up by it. */
+static void seq_tables_on(struct kvi_index *ix)
+{
+    uint64_t sq = 1;
+    struct kvi_match m[1];
+    kvi_rcu_read_lock();
+    (void)kvi_index_find_matches_by_seq(ix, &sq, 1, m, 1);
+    kvi_rcu_read_unlock();
+}
+
 static void usage(void)
 {
     printf("usage: kvidx-bench micro [--seqs N] [--depth D] [--workers W] [--replicas R]\n"
-           "                         [--queries Q] [--reader-secs S] [--seed X]\n"
+           "                         [--queries Q] [--reader-secs S] [--seed X] [--seq-tables]\n"
            "       kvidx-bench micro --replay [PATH|synthetic] [--replay-block-size B]\n"
            "                         [--replay-gpu-blocks N] [--workers W] [--replay-reps R]\n"
            "defaults: 1024 sequences x 1024 blocks (1 M blocks), 128 workers, 1 replica,\n"
            "          20000 queries per measurement, 2 s per reader run, seed 42\n"
            "--replay: the trace's stored/removed events (kvidx-bench trace's workload, default\n"
            "          conversation trace, block 128, 2048 gpu blocks per worker) applied on one\n"
-           "          thread, best of R = 3 runs: writer cost per block without rings or queries\n");
+           "          thread, best of R = 3 runs: writer cost per block without rings or queries\n"
+           "--seq-tables: seq tables on from the start (as after a first seq query)\n");
 }
 
 int kvi_bench_micro(int argc, char **argv)
 {
-    struct micro_cfg c = {1024, 1024, 128, 1, 20000, 2.0, 42};
+    struct micro_cfg c = {1024, 1024, 128, 1, 20000, 2.0, 42, false};
     static const struct option opts[] = {
         {"seqs", required_argument, NULL, 's'},    {"depth", required_argument, NULL, 'd'},
         {"workers", required_argument, NULL, 'w'}, {"replicas", required_argument, NULL, 'r'},
@@ -430,6 +450,7 @@ int kvi_bench_micro(int argc, char **argv)
         {"seed", required_argument, NULL, 'x'},    {"help", no_argument, NULL, 'h'},
         {"replay", optional_argument, NULL, 'R'},  {"replay-block-size", required_argument, NULL, 'B'},
         {"replay-gpu-blocks", required_argument, NULL, 'G'}, {"replay-reps", required_argument, NULL, 'N'},
+        {"seq-tables", no_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
     struct replay_cfg rcfg = {NULL, 128, 2048, 128, 3};
@@ -444,6 +465,7 @@ int kvi_bench_micro(int argc, char **argv)
         case 'q': c.queries = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 't': c.reader_secs = strtod(optarg, NULL); break;
         case 'x': c.seed = strtoull(optarg, NULL, 10); break;
+        case 'S': c.seq_tables = true; break;
         case 'R': rcfg.trace = optarg ? optarg : (optind < argc && argv[optind][0] != '-' ? argv[optind++] : ""); break;
         case 'B': rcfg.block_size = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'G': rcfg.gpu_blocks = (uint32_t)strtoul(optarg, NULL, 10); break;
@@ -469,6 +491,8 @@ int kvi_bench_micro(int argc, char **argv)
     kvi_rcu_register_thread();
     struct kvi_index_config icfg = {.block_size = 16, .n_parts = 1, .key_seed = c.seed};
     struct kvi_index *ix = kvi_index_create(&icfg);
+    if (c.seq_tables)
+        seq_tables_on(ix);
     struct shape s = {.c = c};
     shape_build(&s, ix);
     struct kvi_block *b = kvi_xmalloc(c.depth * sizeof *b);
@@ -495,9 +519,7 @@ int kvi_bench_micro(int argc, char **argv)
     /* store again (warm: everything already present, idempotent) */
     t0 = kvi_now_ns();
     c0 = cpu_ns();
-    for (uint32_t q = 0; q < c.seqs; q++)
-        for (uint32_t r = 0; r < c.replicas; r++)
-            store_seq(ix, &s, q, r, b);
+    store_again(ix, &s, b);
     double restore_ns = (double)(kvi_now_ns() - t0) / (double)holdings;
     double restore_cpu = (double)(cpu_ns() - c0) / (double)holdings;
 
@@ -551,6 +573,8 @@ int kvi_bench_micro(int argc, char **argv)
      * kvi_index_reserve_slot: no rehash and no fresh page left in the loop */
     kvi_index_destroy(ix);
     ix = kvi_index_create(&icfg);
+    if (c.seq_tables)
+        seq_tables_on(ix);
     uint64_t *per_inst = kvi_xcalloc(c.workers, sizeof(uint64_t));
     for (uint32_t w = 0; w < c.workers; w++)
         if ((uint32_t)kvi_index_intern_instance(ix, 1000 + w, NULL, false) != w)
@@ -600,11 +624,11 @@ int kvi_bench_micro(int argc, char **argv)
            "\"store_cpu_ns_per_block\":%.1f,\"remove_cpu_ns_per_block\":%.1f,\"find_hit_cpu_ns\":%.0f,"
            "\"find_partial_cpu_ns\":%.0f,\"store_presized_ns_per_block\":%.1f,\"store_presized_cpu_ns_per_block\":%.1f,"
            "\"store_rebuild_ns_per_block\":%.1f,\"store_rebuild_slots_per_block\":%.2f,"
-           "\"store_again_ns_per_block\":%.1f,\"prefix_keys_ns\":%.0f}\n",
+           "\"store_again_ns_per_block\":%.1f,\"prefix_keys_ns\":%.0f,\"seq_tables\":%d}\n",
            (unsigned long long)c.seqs * c.depth, c.workers, c.depth, c.replicas, store_ns, remove_ns, dhit.mean_ns,
            dpart.mean_ns, idle1.p99_ns, busy1.p99_ns, idle2.p99_ns, busy2.p99_ns, bytes_per, store_cpu, remove_cpu,
            dhit.cpu_mean_ns, dpart.cpu_mean_ns, presized_ns, presized_cpu, rebuild_ns, rebuild_slots, restore_ns,
-           keys_ns);
+           keys_ns, c.seq_tables ? 1 : 0);
 
     free(b);
     free(tmp);

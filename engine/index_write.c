@@ -311,6 +311,76 @@ static inline bool same_prefix(const struct kvi_index *ix, const struct kvi_part
     return by_key && e->key == k && e->pos == pos && tab_find_at_t(&sc, &p->stab, sq, st, pos) == KVI_NONE;
 }
 
+/* Does slot `sid` hold entry e under engine hash eh? member_eh's test, its
+ * single-member case inline (the re-store walk's common case). Writer. */
+static inline bool holds_as(const struct kvi_entry *e, uint32_t sid, uint64_t eh)
+{
+    uint32_t one = atomic_load_explicit(&((struct kvi_entry *)e)->one, memory_order_relaxed);
+    if (one != KVI_MANY_BIT)
+        return (one & KVI_SLOT_MASK) == sid &&
+               atomic_load_explicit(&((struct kvi_entry *)e)->mv, memory_order_relaxed) == eh;
+    bool f;
+    uint64_t m = member_eh(e, sid, &f);
+    return f && m == eh;
+}
+
+/*
+ * The idempotent re-store, read only: does slot s already hold every block
+ * of run r under its engine hash, as the prefix the block names, below
+ * `prev` (the entry s holds under the run's parent; KVI_NONE for a run from
+ * position 0)? Then do_store would change nothing: pass 1 would find each
+ * block held (have[i]), same_prefix would hold, and pass 2 would only step
+ * prev. Its duplicate check would pass too: a slot's map names one entry
+ * per engine hash, so blocks held as distinct entries (one per depth),
+ * below a parent held as another, have distinct engine hashes.
+ * same_prefix's test: without a seq table the entry's key is the block's
+ * (the content chain's, from prev's key); with one, its seq hash is the
+ * block's (given, or the standard chain from prev's), and keys are not
+ * looked at (a re-store rekeys from a held entry's key). same_prefix's other
+ * case, a block that joined a prefix by its content under another seq hash,
+ * is left to the general loops (false).
+ * Block i > 0 is looked for as prev's first child (a run stored at once is
+ * a chain of only children, allocated in order), then, when that child is
+ * not it (a branch point, a prefix placed by seq alone), in the slot map;
+ * block 0 in the map, so that a run of new blocks (the usual store) gives
+ * up after one probe.
+ * measured: see do_store.
+ */
+static bool run_held(const struct kvi_index *ix, struct kvi_part *p, struct kvi_slot *s, uint32_t prev, bool son,
+                     const struct run *r)
+{
+    const uint32_t sid = s->id;
+    const struct kvi_entry *pe = prev != KVI_NONE ? kvi__entry(p, prev) : NULL;
+    uint64_t k = pe != NULL ? pe->key : ix->kseed;
+    uint64_t sq = son && pe != NULL ? *kvi__seqp(p, prev) : 0;
+    uint32_t pos = pe != NULL ? pe->pos + 1 : 0;
+    for (size_t i = 0; i < r->n; i++, pos++) {
+        uint64_t eh = run_eh(r, i);
+        if (!son) /* (then r->b != NULL: a run without content has seq hashes) */
+            k = key_step(ix, k, r->b[i].content_hash, pos);
+        else if (r->seq != NULL)
+            sq = r->seq[i];
+        else
+            sq = pos == 0 ? r->b[i].content_hash : kvi__seq_step(sq, r->b[i].content_hash);
+        uint32_t idx = KVI_NONE;
+        const struct kvi_entry *e = NULL;
+        if (i > 0) {
+            idx = atomic_load_explicit(&((struct kvi_entry *)pe)->first_child, memory_order_relaxed);
+            if (idx != KVI_NONE && !holds_as(e = kvi__entry(p, idx), sid, eh))
+                e = NULL;
+        }
+        if (e == NULL) {
+            if ((idx = map_find(ix, p, s, eh)) == KVI_NONE)
+                return false;
+            e = kvi__entry(p, idx);
+        }
+        if (e->pos != pos || (son ? *kvi__seqp(p, idx) != sq : e->key != k))
+            return false;
+        pe = e;
+    }
+    return true;
+}
+
 static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum kvi_tier tier, bool has_parent,
                     uint64_t parent_eh, uint32_t position, const struct run *r)
 {
@@ -327,6 +397,26 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
     else
         stab_maybe_build(ix, p);
     bool son = stab_on(p);
+    uint32_t sid = kvi_ix__slot_find(ix, instance, rank, (uint8_t)tier);
+    struct kvi_slot *s = sid ? kvi__slot(ix, sid) : NULL;
+    uint32_t prev_s = has_parent && s != NULL ? map_find(ix, p, s, parent_eh) : KVI_NONE;
+    /* the idempotent re-store, read only (run_held), before the scratch
+     * tags, the duplicate check and the two passes: a walk down the chain
+     * instead of a map probe, an entry read, a ktab prefetch and a scratch
+     * set insert per block. measured (kvidx-bench micro, 3 runs each
+     * interleaved with a build of cc48b42, medians, 2-vCPU VM, load 1.3-3.2):
+     * store_again_ns_per_block 38.8 -> 5.9; with --seq-tables (the base
+     * built with this micro.c) 45.4 -> 6.7. callgrind --toggle-collect=
+     * store_again --seqs 256: 352 -> 75 instructions per block (--seq-tables
+     * 412 -> 88). A run of new blocks gives up after one map probe:
+     * store_presized 289.5 -> 290.6 instructions per block (--seq-tables
+     * 695.3 -> 697.4); micro --replay store 116.6 -> 115.9 cpu ns per block;
+     * the other micro rows within noise (find_hit 558 / 559 ns, one binary
+     * with this walk switched off and on, 5 runs each). */
+    if (s != NULL && (has_parent ? prev_s != KVI_NONE : position == 0) && run_held(ix, p, s, prev_s, son, r)) {
+        maybe_reclaim(ix, in->part);
+        return 0;
+    }
     /* run scratch: keys, seq hashes, then the table tags of keys, engine
      * hashes and seq hashes (each hash is mixed once per store) */
     if (4 * n > p->cap_runbuf) {
@@ -342,15 +432,12 @@ static int do_store(struct kvi_index *ix, uint32_t instance, uint32_t rank, enum
         kvi_relaxed_add(&p->invalid_events, 1);
         return -EINVAL;
     }
-    uint32_t sid = kvi_ix__slot_find(ix, instance, rank, (uint8_t)tier);
-    struct kvi_slot *s = sid ? kvi__slot(ix, sid) : NULL;
 
     uint32_t prev = KVI_NONE, pos0 = 0;
     uint64_t k = ix->kseed, sq = 0;
     bool seq_only = false;
     if (has_parent) {
-        if (s != NULL)
-            prev = map_find(ix, p, s, parent_eh);
+        prev = prev_s;
         if (prev == KVI_NONE && tier != KVI_TIER_GPU) {
             struct kvi_slotlist *sl = atomic_load_explicit(&in->slots, memory_order_relaxed);
             for (uint32_t i = 0; sl != NULL && i < sl->n && prev == KVI_NONE; i++) {

@@ -417,6 +417,137 @@ static void test_duplicates(void **state)
     run_free(r);
 }
 
+/* Re-stores of runs the slot already holds (do_store's read-only walk,
+ * run_held, before the general loops), each against the model: whole runs,
+ * below a named parent, across a branch point (the run's next block is not
+ * its parent's first child), on entries with several members, on a lower
+ * tier, and runs the walk must give up on: a new last block, a block held
+ * under another name, a name the slot holds for another prefix, a
+ * duplicate name, a parent the slot does not hold. */
+static int store_seq(struct st_run *r, uint32_t inst, enum kvi_tier tier, bool has_parent, uint64_t peh,
+                     uint32_t position, const struct kvi_block *b, const uint64_t *seq, size_t n)
+{
+    int want = km_store_any(&r->m, inst, 0, tier, has_parent, peh, position, b, seq, n);
+    int got = kvi_index_store_seq(r->ix, inst, 0, tier, has_parent, peh, position, b, seq, n);
+    assert_int_equal(got, want);
+    return got;
+}
+
+static void restores(bool with_seq)
+{
+    static struct st_run run;
+    struct st_run *r = &run;
+    static struct kvi_block b[600];
+    run_init(r, 1, 3, 0xa9a1);
+    const uint32_t fams[] = {1, 2, 3};
+    if (with_seq)
+        seq_on(r);
+
+    /* slot 0: doc 1 [0, 500); slot 1 shares [0, 300) (two members), then
+     * doc 2's blocks: entry 299 gets a second child, linked first */
+    blocks(b, 1, 0, 500, 0x10000);
+    assert_int_equal(store(r, 0, KVI_TIER_GPU, false, 0, b, 500), 0);
+    for (uint32_t i = 0; i < 500; i++)
+        b[i] = (struct kvi_block){0x20000 + i, i < 300 ? ch(1, i) : ch(2, i)};
+    assert_int_equal(store(r, 1, KVI_TIER_GPU, false, 0, b, 500), 0);
+    check_all(r, fams, 3, 500);
+
+    /* whole runs again, from position 0 and below a named parent, across the
+     * branch point at 299 (slot 0's block 300 is no longer 299's first child) */
+    blocks(b, 1, 0, 500, 0x10000);
+    assert_int_equal(store(r, 0, KVI_TIER_GPU, false, 0, b, 500), 0);
+    blocks(b, 1, 250, 500, 0x10000);
+    assert_int_equal(store(r, 0, KVI_TIER_GPU, true, 0x10000 + 249, b, 250), 0);
+    blocks(b, 1, 299, 301, 0x10000);
+    assert_int_equal(store(r, 0, KVI_TIER_GPU, true, 0x10000 + 298, b, 2), 0);
+    for (uint32_t i = 0; i < 500; i++)
+        b[i] = (struct kvi_block){0x20000 + i, i < 300 ? ch(1, i) : ch(2, i)};
+    assert_int_equal(store(r, 1, KVI_TIER_GPU, false, 0, b, 500), 0);
+    assert_int_equal(store(r, 1, KVI_TIER_GPU, true, 0x20000 + 99, b + 100, 400), 0);
+    check_all(r, fams, 3, 500);
+
+    /* held except a new last block: stored */
+    blocks(b, 1, 400, 501, 0x10000);
+    assert_int_equal(store(r, 0, KVI_TIER_GPU, true, 0x10000 + 399, b, 101), 0);
+    check_all(r, fams, 3, 501);
+
+    /* held except one block, held under another name: a rename */
+    blocks(b, 1, 0, 501, 0x10000);
+    b[450].engine_hash = 0x30000;
+    assert_int_equal(store(r, 0, KVI_TIER_GPU, false, 0, b, 501), 0);
+    check_all(r, fams, 3, 501);
+
+    /* a name the slot holds for another prefix (slot 1's block 350 of doc 2,
+     * named where doc 1's block 350 is): the old holding and its
+     * descendants go */
+    blocks(b, 1, 300, 400, 0x40000);
+    assert_int_equal(store(r, 1, KVI_TIER_GPU, true, 0x20000 + 299, b, 100), 0);
+    b[50].engine_hash = 0x20000 + 350;
+    assert_int_equal(store(r, 1, KVI_TIER_GPU, true, 0x20000 + 299, b, 100), 0);
+    check_all(r, fams, 3, 501);
+
+    /* a held run with a name repeated, or its parent's name in it: rejected
+     * as before */
+    blocks(b, 1, 0, 100, 0x10000);
+    b[60].engine_hash = b[20].engine_hash;
+    assert_int_equal(store(r, 0, KVI_TIER_GPU, false, 0, b, 100), -EINVAL);
+    blocks(b, 1, 100, 200, 0x10000);
+    b[7].engine_hash = 0x10000 + 99;
+    assert_int_equal(store(r, 0, KVI_TIER_GPU, true, 0x10000 + 99, b, 100), -EINVAL);
+    /* a parent the slot does not hold */
+    blocks(b, 1, 100, 200, 0x10000);
+    assert_int_equal(store(r, 2, KVI_TIER_GPU, true, 0x10000 + 99, b, 100), -ENOENT);
+    check_all(r, fams, 3, 501);
+
+    /* lower tier: cpu copies below slot 0's gpu blocks, then again below
+     * the gpu parent and below their own cpu parent */
+    for (uint32_t i = 0; i < 100; i++)
+        b[i] = (struct kvi_block){0x50000 + i, ch(1, 100 + i)};
+    assert_int_equal(store(r, 0, KVI_TIER_CPU, true, 0x10000 + 99, b, 100), 0);
+    assert_int_equal(store(r, 0, KVI_TIER_CPU, true, 0x10000 + 99, b, 100), 0);
+    assert_int_equal(store(r, 0, KVI_TIER_CPU, true, 0x50000 + 49, b + 50, 50), 0);
+    check_all(r, fams, 3, 501);
+
+    /* single blocks, at a root and below a parent */
+    blocks(b, 3, 0, 2, 0x60000);
+    assert_int_equal(store(r, 2, KVI_TIER_GPU, false, 0, b, 2), 0);
+    assert_int_equal(store(r, 2, KVI_TIER_GPU, false, 0, b, 1), 0);
+    assert_int_equal(store(r, 2, KVI_TIER_GPU, true, 0x60000, b + 1, 1), 0);
+    check_all(r, fams, 3, 501);
+
+    if (with_seq) {
+        /* runs with their standard seq hashes: again, below a parent, and a
+         * lower-tier run placed by position (a root of its slot, below no
+         * held parent: the general loops) stored twice */
+        static uint64_t q[600], sq[600];
+        doc(q, 1, 501);
+        kvi_seq_hashes(q, 501, sq);
+        blocks(b, 1, 0, 501, 0x10000);
+        b[450].engine_hash = 0x30000;
+        assert_int_equal(store_seq(r, 0, KVI_TIER_GPU, false, 0, 0, b, sq, 501), 0);
+        assert_int_equal(store_seq(r, 0, KVI_TIER_GPU, true, 0x10000 + 99, 100, b + 100, sq + 100, 401), 0);
+        for (uint32_t i = 0; i < 50; i++)
+            b[i] = (struct kvi_block){0x70000 + i, ch(1, 200 + i)};
+        assert_int_equal(store_seq(r, 2, KVI_TIER_CPU, false, 0, 200, b, sq + 200, 50), 0);
+        assert_int_equal(store_seq(r, 2, KVI_TIER_CPU, false, 0, 200, b, sq + 200, 50), 0);
+        assert_int_equal(store_seq(r, 2, KVI_TIER_CPU, true, 0x70000 + 9, 210, b + 10, sq + 210, 40), 0);
+        check_all(r, fams, 3, 501);
+    }
+    run_free(r);
+}
+
+static void test_restores(void **state)
+{
+    (void)state;
+    restores(false);
+}
+
+static void test_restores_seq_tables(void **state)
+{
+    (void)state;
+    restores(true);
+}
+
 /* ---- randomized ------------------------------------------------------------- */
 
 #define R_DOCS 24u
@@ -717,6 +848,8 @@ int main(void)
         cmocka_unit_test_teardown(test_scenarios, st_teardown),
         cmocka_unit_test_teardown(test_scenarios_then_seq_tables, st_teardown),
         cmocka_unit_test_teardown(test_duplicates, st_teardown),
+        cmocka_unit_test_teardown(test_restores, st_teardown),
+        cmocka_unit_test_teardown(test_restores_seq_tables, st_teardown),
         cmocka_unit_test_teardown(test_randomized, st_teardown),
         cmocka_unit_test(test_concurrent_readers),
     };
