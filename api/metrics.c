@@ -71,6 +71,13 @@ static void put_u64(struct kvi_buf *b, const char *name, const char *labels, uin
     kvi_buf_putc(b, '\n');
 }
 
+/* One unlabelled sample with its HELP and TYPE lines. */
+static void put_one(struct kvi_buf *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+    put_help(b, name, type, help);
+    put_u64(b, name, "", v);
+}
+
 static void put_sec(struct kvi_buf *b, const char *name, const char *labels, uint64_t ns)
 {
     kvi_buf_puts(b, name);
@@ -277,20 +284,16 @@ static void render_events(const struct kvi_listener_totals *t, struct kvi_buf *b
     put_u64(b, "kvidx_event_ops_total", lab1(l, sizeof l, "outcome", "invalid_block"), c->ops_invalid);
     put_u64(b, "kvidx_event_ops_total", lab1(l, sizeof l, "outcome", "block_not_found"), c->unknown_blocks);
 
-#define KVI_METRIC_X(name, help) \
-    put_help(b, "kvidx_listener_" #name "_total", "counter", help); \
-    put_u64(b, "kvidx_listener_" #name "_total", "", c->name);
+#define KVI_METRIC_X(name, help) put_one(b, "kvidx_listener_" #name "_total", "counter", help, c->name);
     KVI_LISTENER_COUNTERS(KVI_METRIC_X)
     KVI_LISTENER_EVENT_COUNTERS(KVI_METRIC_X)
 #undef KVI_METRIC_X
-    put_help(b, "kvidx_listener_unknown_topic_total", "counter",
-             "bind mode: messages whose topic matched no registration");
-    put_u64(b, "kvidx_listener_unknown_topic_total", "", t->unknown_topic);
-    put_help(b, "kvidx_listener_held_dropped_total", "counter",
-             "open bind endpoints (--zmq-bind): messages held for a pod being registered, dropped past the bound");
-    put_u64(b, "kvidx_listener_held_dropped_total", "", t->held_dropped);
-    put_help(b, "kvidx_listener_threads", "gauge", "listener threads");
-    put_u64(b, "kvidx_listener_threads", "", t->threads);
+    put_one(b, "kvidx_listener_unknown_topic_total", "counter",
+            "bind mode: messages whose topic matched no registration", t->unknown_topic);
+    put_one(b, "kvidx_listener_held_dropped_total", "counter",
+            "open bind endpoints (--zmq-bind): messages held for a pod being registered, dropped past the bound",
+            t->held_dropped);
+    put_one(b, "kvidx_listener_threads", "gauge", "listener threads", t->threads);
 }
 
 static void render_writers(const struct kvi_metrics_src *src, struct kvi_buf *b)
@@ -488,37 +491,24 @@ static void render_misc(const struct kvi_metrics_src *src, struct kvi_buf *b)
         {"kvidx_http_response_bytes_total", "counter", "response body bytes", hs.all.bytes_out},
     };
     for (size_t i = 0; i < sizeof http / sizeof http[0]; i++) {
-        put_help(b, http[i].name, http[i].type, http[i].help);
-        put_u64(b, http[i].name, "", http[i].v);
+        put_one(b, http[i].name, http[i].type, http[i].help, http[i].v);
     }
 
     struct kvi_status_view sv;
     kvi_service_status(src->svc, &sv);
-    put_help(b, "kvidx_ready", "gauge", "1 when /ready answers 200");
-    put_u64(b, "kvidx_ready", "", sv.ready);
+    put_one(b, "kvidx_ready", "gauge", "1 when /ready answers 200", sv.ready);
     struct kvi_service_counts sc;
     kvi_service_counts(src->svc, &sc);
-    put_help(b, "kvidx_conductor_services", "gauge", "registered Conductor service keys");
-    put_u64(b, "kvidx_conductor_services", "", sc.services);
-    put_help(b, "kvidx_peers", "gauge", "registered peers");
-    put_u64(b, "kvidx_peers", "", sc.peers);
+    put_one(b, "kvidx_conductor_services", "gauge", "registered Conductor service keys", sc.services);
+    put_one(b, "kvidx_peers", "gauge", "registered peers", sc.peers);
     struct kvi_recovery_stats rs;
     kvi_service_recovery_stats(src->svc, &rs);
-    put_help(b, "kvidx_recovery_attempts_total", "counter", "peer /dump fetches started by P2P recovery");
-    put_u64(b, "kvidx_recovery_attempts_total", "", rs.attempts);
-    put_help(b, "kvidx_recovery_blocks", "gauge", "blocks applied by the successful P2P recovery");
-    put_u64(b, "kvidx_recovery_blocks", "", rs.blocks);
-    put_help(b, "kvidx_recovery_rejected_blocks", "gauge", "dump blocks the index rejected during recovery");
-    put_u64(b, "kvidx_recovery_rejected_blocks", "", rs.rejected);
+    put_one(b, "kvidx_recovery_attempts_total", "counter", "peer /dump fetches started by P2P recovery", rs.attempts);
+    put_one(b, "kvidx_recovery_blocks", "gauge", "blocks applied by the successful P2P recovery", rs.blocks);
+    put_one(b, "kvidx_recovery_rejected_blocks", "gauge", "dump blocks the index rejected during recovery",
+            rs.rejected);
     put_help(b, "kvidx_recovery_duration_seconds", "gauge", "duration of P2P recovery");
     put_sec(b, "kvidx_recovery_duration_seconds", "", rs.duration_ms * 1000000u);
-}
-
-/* One unlabelled sample with its HELP and TYPE lines. */
-static void put_one(struct kvi_buf *b, const char *name, const char *type, const char *help, uint64_t v)
-{
-    put_help(b, name, type, help);
-    put_u64(b, name, "", v);
 }
 
 /* capacity_blocks: what the index is pre-sized for now (api/service_capacity.c). */
@@ -594,9 +584,14 @@ static void render_bridge(const struct kvi_metrics_src *src, struct kvi_buf *b)
         {"kvidx_nats_bridge_stream_ready", "gauge", "1 once the stream exists (created or found)", s.stream_ready},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        put_help(b, f[i].name, f[i].type, f[i].help);
-        put_u64(b, f[i].name, "", f[i].v);
+        put_one(b, f[i].name, f[i].type, f[i].help, f[i].v);
     }
+}
+
+/* A NATS source's `source` label: its subject (Core NATS) or its stream (JetStream). */
+static const char *nats_source_name(const struct kvi_nats_source_info *si)
+{
+    return si->kind == KVI_NATS_CORE ? si->subject : si->stream;
 }
 
 /* --nats: the connection, then each source (label source = its subject or stream, kind, model). */
@@ -607,12 +602,9 @@ static void render_nats(const struct kvi_metrics_src *src, struct kvi_buf *b)
         return;
     struct kvi_nats_conn_info ci;
     kvi_nats_conn_info(n, &ci);
-    put_help(b, "kvidx_nats_connected", "gauge", "1 while connected to a NATS server");
-    put_u64(b, "kvidx_nats_connected", "", ci.connected);
-    put_help(b, "kvidx_nats_reconnects_total", "counter", "reconnections to NATS");
-    put_u64(b, "kvidx_nats_reconnects_total", "", ci.reconnects);
-    put_help(b, "kvidx_nats_disconnects_total", "counter", "NATS connections lost");
-    put_u64(b, "kvidx_nats_disconnects_total", "", ci.disconnects);
+    put_one(b, "kvidx_nats_connected", "gauge", "1 while connected to a NATS server", ci.connected);
+    put_one(b, "kvidx_nats_reconnects_total", "counter", "reconnections to NATS", ci.reconnects);
+    put_one(b, "kvidx_nats_disconnects_total", "counter", "NATS connections lost", ci.disconnects);
     static const struct {
         const char *name, *type, *help;
         size_t off;
@@ -669,9 +661,7 @@ static void render_nats(const struct kvi_metrics_src *src, struct kvi_buf *b)
             if (kvi_nats_source_info(n, i, si) != 0)
                 continue;
             const _Atomic uint64_t *c = (const _Atomic uint64_t *)((const char *)si->ctr + f[k].off);
-            put_u64(b, f[k].name,
-                    lab2(l, sizeof l, "source", si->kind == KVI_NATS_CORE ? si->subject : si->stream, "model",
-                         si->label),
+            put_u64(b, f[k].name, lab2(l, sizeof l, "source", nats_source_name(si), "model", si->label),
                     atomic_load_explicit((_Atomic uint64_t *)c, memory_order_relaxed));
         }
     }
@@ -680,10 +670,9 @@ static void render_nats(const struct kvi_metrics_src *src, struct kvi_buf *b)
         if (kvi_nats_source_info(n, i, si) != 0)
             continue;
         for (int e = 1; e < KVI_REV_ERR_COUNT; e++) {
-            char src_l[KVI_NATS_NAME_MAX + 32];
-            snprintf(src_l, sizeof src_l, "%s", si->kind == KVI_NATS_CORE ? si->subject : si->stream);
             put_u64(b, "kvidx_nats_decode_errors_total",
-                    lab2(l, sizeof l, "source", src_l, "reason", kvi_router_err_name((enum kvi_rev_err)e)),
+                    lab2(l, sizeof l, "source", nats_source_name(si), "reason",
+                         kvi_router_err_name((enum kvi_rev_err)e)),
                     atomic_load_explicit(&((struct kvi_nats_counters *)si->ctr)->decode_errors[e],
                                          memory_order_relaxed));
         }
@@ -697,7 +686,7 @@ static void render_nats(const struct kvi_metrics_src *src, struct kvi_buf *b)
         for (size_t i = 0; i < ns; i++) {
             if (kvi_nats_source_info(n, i, si) != 0)
                 continue;
-            const char *lb = lab1(l, sizeof l, "source", si->kind == KVI_NATS_CORE ? si->subject : si->stream);
+            const char *lb = lab1(l, sizeof l, "source", nats_source_name(si));
             if (k == 0)
                 put_sec(b, name, lb,
                         atomic_load_explicit(&((struct kvi_nats_counters *)si->ctr)->ack_ns_total,
