@@ -111,10 +111,13 @@ static void reg(const struct kfx_daemon *d, const struct eng *e)
     kfx_expect(d, "/register", j, 201, NULL);
 }
 
-static void start_bridge(struct kfx_daemon *d, const struct kvi_nats_server *ns)
+/* A bridging replica, with engines e[0, n) registered through it. */
+static void start_bridge(struct kfx_daemon *d, const struct kvi_nats_server *ns, const struct eng *e, size_t n)
 {
     const char *args[] = {"--nats", ns->url, "--nats-publish", STREAM, NULL};
     kfx_start(d, args, NULL);
+    for (size_t i = 0; i < n; i++)
+        reg(d, &e[i]);
 }
 
 static void start_query_only(struct kfx_daemon *d, const struct kvi_nats_server *ns)
@@ -202,9 +205,7 @@ static void test_query_only(void **state)
     struct eng e[N_ENG];
     eng_open(e, N_ENG);
     struct kfx_daemon a, q;
-    start_bridge(&a, &ns);
-    for (size_t i = 0; i < N_ENG; i++)
-        reg(&a, &e[i]);
+    start_bridge(&a, &ns, e, N_ENG);
     static struct model m;
     memset(&m, 0, sizeof m);
     uint64_t events = 0;
@@ -249,9 +250,7 @@ static void test_bridge_crash(void **state)
     struct eng e[N_ENG];
     eng_open(e, N_ENG);
     struct kfx_daemon a, q;
-    start_bridge(&a, &ns);
-    for (size_t i = 0; i < N_ENG; i++)
-        reg(&a, &e[i]);
+    start_bridge(&a, &ns, e, N_ENG);
     start_query_only(&q, &ns);
     static struct model m;
     memset(&m, 0, sizeof m);
@@ -267,9 +266,7 @@ static void test_bridge_crash(void **state)
     assert_int_equal(kfx_stop(&a, SIGKILL, NULL), 128 + SIGKILL);
     for (; r < 45; r++) /* published while no replica bridges: only the engines' rings hold them */
         round_pub(e, N_ENG, &m, r);
-    start_bridge(&a, &ns);
-    for (size_t i = 0; i < N_ENG; i++)
-        reg(&a, &e[i]);
+    start_bridge(&a, &ns, e, N_ENG);
     for (; r < 60; r++)
         round_pub(e, N_ENG, &m, r);
     until_dump(&q, &m, e, N_ENG, "query-only replica after the bridge's crash");
@@ -295,12 +292,8 @@ static void test_two_bridges(void **state)
     struct eng e[N_ENG];
     eng_open(e, N_ENG);
     struct kfx_daemon a, b, q;
-    start_bridge(&a, &ns);
-    start_bridge(&b, &ns);
-    for (size_t i = 0; i < N_ENG; i++) {
-        reg(&a, &e[i]);
-        reg(&b, &e[i]);
-    }
+    start_bridge(&a, &ns, e, N_ENG);
+    start_bridge(&b, &ns, e, N_ENG);
     static struct model m;
     memset(&m, 0, sizeof m);
     uint64_t events = 0;
@@ -341,9 +334,7 @@ static void test_nats_down(void **state)
     struct eng e[N_ENG];
     eng_open(e, N_ENG);
     struct kfx_daemon a, q;
-    start_bridge(&a, &ns);
-    for (size_t i = 0; i < N_ENG; i++)
-        reg(&a, &e[i]);
+    start_bridge(&a, &ns, e, N_ENG);
     static struct model m;
     memset(&m, 0, sizeof m);
     uint64_t events = 0;
