@@ -327,8 +327,12 @@ static int rd_event(struct rctx *c, struct kvi_router_event *ev)
     return 0;
 }
 
+/* storage_tier: the last one given decides, flag included (a map that names
+ * the key twice, an unknown tier then a known one, is a known tier). */
 static int rd_tier(struct rctx *c, struct kvi_router_event *ev)
 {
+    ev->tier = KVI_TIER_GPU;
+    ev->tier_unknown = false;
     if (kvi_rd_null(&c->rd))
         return 0;
     struct kvi_str s;
@@ -346,7 +350,6 @@ static int rd_tier(struct rctx *c, struct kvi_router_event *ev)
             ev->tier = tiers[i].tier;
             return 0;
         }
-    ev->tier = KVI_TIER_GPU;
     ev->tier_unknown = true;
     return 0;
 }

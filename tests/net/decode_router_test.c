@@ -148,6 +148,26 @@ static void test_field_rules(void **state)
                      KVI_REV_OK);
     assert_int_equal(ev.tier, KVI_TIER_GPU);
     assert_true(ev.tier_unknown);
+    /* storage_tier given twice: the last decides, its flag too (fuzz_router found the flag of an
+     * unknown first one kept beside a known tier: tests/fuzz/regressions/router) */
+    assert_int_equal(decode_str("{\"worker_id\":1,\"storage_tier\":\"hbm3\",\"storage_tier\":\"disk\","
+                                "\"event\":{\"event_id\":1,\"data\":\"cleared\"}}",
+                                &ev),
+                     KVI_REV_OK);
+    assert_int_equal(ev.tier, KVI_TIER_DISK);
+    assert_false(ev.tier_unknown);
+    assert_int_equal(decode_str("{\"worker_id\":1,\"storage_tier\":\"hbm3\",\"storage_tier\":null,"
+                                "\"event\":{\"event_id\":1,\"data\":\"cleared\"}}",
+                                &ev),
+                     KVI_REV_OK);
+    assert_int_equal(ev.tier, KVI_TIER_GPU);
+    assert_false(ev.tier_unknown);
+    assert_int_equal(decode_str("{\"worker_id\":1,\"storage_tier\":\"disk\",\"storage_tier\":\"hbm3\","
+                                "\"event\":{\"event_id\":1,\"data\":\"cleared\"}}",
+                                &ev),
+                     KVI_REV_OK);
+    assert_int_equal(ev.tier, KVI_TIER_GPU);
+    assert_true(ev.tier_unknown);
     /* an empty stored run */
     assert_int_equal(decode_str("{\"worker_id\":1,\"event\":{\"event_id\":1,\"data\":{\"stored\":{\"blocks\":[]}}}}",
                                 &ev),
